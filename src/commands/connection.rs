@@ -1,0 +1,575 @@
+//! The connection family: PING, ECHO, QUIT, RESET, AUTH, SELECT, HELLO, CLIENT.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::util::{eq_ci, parse_i64, printable, NOT_INT, SYNTAX_ERR};
+use super::{flags, table};
+use crate::async_handler;
+use crate::server::clients::Pause;
+use crate::server::session::{ReplyMode, Session};
+use crate::shard::{broadcast, unix_ms};
+
+pub const SERVER_VERSION: &str = "7.2.4";
+
+pub fn ping(sess: &mut Session, args: &[Bytes]) {
+    match args.len() {
+        1 => sess.out.simple("PONG"),
+        2 => sess.out.bulk(&args[1]),
+        _ => sess.error(&super::arity_error("ping")),
+    }
+}
+
+pub fn echo(sess: &mut Session, args: &[Bytes]) {
+    sess.out.bulk(&args[1]);
+}
+
+pub fn quit(sess: &mut Session, _args: &[Bytes]) {
+    sess.out.ok();
+    sess.close_after_reply = true;
+}
+
+pub fn reset(sess: &mut Session, _args: &[Bytes]) {
+    sess.multi = None;
+    super::transactions::unwatch_all(sess);
+    sess.set_db(0);
+    sess.out.resp3 = false;
+    sess.no_touch = false;
+    sess.reply_mode = ReplyMode::On;
+    sess.authenticated = !sess
+        .worker
+        .shared
+        .tunables
+        .requirepass_set
+        .load(Ordering::Relaxed);
+    {
+        let mut info = sess.handle.info.borrow_mut();
+        info.name.clear();
+        info.resp = 2;
+        info.multi = -1;
+        info.no_evict = false;
+        info.no_touch = false;
+    }
+    sess.out.simple("RESET");
+}
+
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// Checks a user and password against the only user Kite has, `default`.
+fn check_password(sess: &Session, user: Option<&[u8]>, pass: &[u8]) -> bool {
+    if let Some(u) = user {
+        if u != b"default" {
+            return false;
+        }
+    }
+    let config = sess
+        .worker
+        .shared
+        .config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let required = config.requirepass();
+    // Without requirepass the default user takes any password.
+    required.is_empty() || required.as_bytes() == pass
+}
+
+pub fn auth(sess: &mut Session, args: &[Bytes]) {
+    let (user, pass) = match args.len() {
+        2 => (None, &args[1]),
+        3 => (Some(&args[1][..]), &args[2]),
+        _ => return sess.error(SYNTAX_ERR),
+    };
+    if user.is_none()
+        && !sess
+            .worker
+            .shared
+            .tunables
+            .requirepass_set
+            .load(Ordering::Relaxed)
+    {
+        return sess.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
+    }
+    if check_password(sess, user, pass) {
+        sess.authenticated = true;
+        sess.out.ok();
+    } else {
+        sess.error(WRONGPASS);
+    }
+}
+
+pub fn select(sess: &mut Session, args: &[Bytes]) {
+    match parse_i64(&args[1]) {
+        Err(_) => sess.error(NOT_INT),
+        Ok(n) if n < 0 || n as usize >= sess.worker.shared.tunables.databases => {
+            sess.error("ERR DB index is out of range")
+        }
+        Ok(n) => {
+            sess.set_db(n as usize);
+            sess.out.ok();
+        }
+    }
+}
+
+pub fn hello(sess: &mut Session, args: &[Bytes]) {
+    let mut proto = if sess.out.resp3 { 3 } else { 2 };
+    let mut i = 1;
+    if args.len() > 1 {
+        match parse_i64(&args[1]) {
+            Ok(v) => {
+                if v != 2 && v != 3 {
+                    return sess.error("NOPROTO unsupported protocol version");
+                }
+                proto = v;
+            }
+            Err(_) => return sess.error("ERR Protocol version is not an integer or out of range"),
+        }
+        i = 2;
+    }
+    let mut auth: Option<(Bytes, Bytes)> = None;
+    let mut name: Option<Bytes> = None;
+    while i < args.len() {
+        let more = args.len() - i - 1;
+        if eq_ci(&args[i], "auth") && more >= 2 {
+            auth = Some((args[i + 1].clone(), args[i + 2].clone()));
+            i += 3;
+        } else if eq_ci(&args[i], "setname") && more >= 1 {
+            name = Some(args[i + 1].clone());
+            i += 2;
+        } else {
+            return sess.error(&format!(
+                "ERR Syntax error in HELLO option '{}'",
+                printable(&args[i], 128)
+            ));
+        }
+    }
+    if let Some((user, pass)) = &auth {
+        if !check_password(sess, Some(user), pass) {
+            return sess.error(WRONGPASS);
+        }
+        sess.authenticated = true;
+    }
+    if !sess.authenticated {
+        return sess.error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+    }
+    if let Some(n) = name {
+        if let Err(e) = valid_name(&n, "Client names") {
+            return sess.error(&e);
+        }
+        sess.handle.info.borrow_mut().name = n.to_vec();
+    }
+    sess.out.resp3 = proto == 3;
+    sess.handle.info.borrow_mut().resp = proto as u8;
+    sess.out.map(7);
+    sess.out.bulk(b"server");
+    sess.out.bulk(b"redis");
+    sess.out.bulk(b"version");
+    sess.out.bulk(SERVER_VERSION.as_bytes());
+    sess.out.bulk(b"proto");
+    sess.out.int(proto);
+    sess.out.bulk(b"id");
+    sess.out.int(sess.id as i64);
+    sess.out.bulk(b"mode");
+    sess.out.bulk(b"standalone");
+    sess.out.bulk(b"role");
+    sess.out.bulk(b"master");
+    sess.out.bulk(b"modules");
+    sess.out.array(0);
+}
+
+/// Client names and library names: printable ASCII without spaces, as Redis requires.
+fn valid_name(name: &[u8], what: &str) -> Result<(), String> {
+    if name.iter().all(|&c| (b'!'..=b'~').contains(&c)) {
+        Ok(())
+    } else {
+        Err(format!(
+            "ERR {} cannot contain spaces, newlines or special characters.",
+            what
+        ))
+    }
+}
+
+pub const CLIENT_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("getname", 2, "noscript loading stale"),
+    ("getredir", 2, "noscript loading stale"),
+    ("help", 2, "loading stale"),
+    ("id", 2, "noscript loading stale"),
+    ("info", 2, "noscript loading stale"),
+    ("kill", -3, "admin noscript loading stale"),
+    ("list", -2, "admin noscript loading stale"),
+    ("no-evict", 3, "admin noscript loading stale"),
+    ("no-touch", 3, "noscript loading stale"),
+    ("pause", -3, "admin noscript loading stale"),
+    ("reply", 3, "noscript loading stale"),
+    ("setinfo", 4, "noscript loading stale"),
+    ("setname", 3, "noscript loading stale"),
+    ("unblock", -3, "admin noscript loading stale"),
+    ("unpause", 2, "admin noscript loading stale"),
+];
+
+const CLIENT_HELP: &[&str] = &[
+    "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GETNAME",
+    "    The name of this connection.",
+    "ID",
+    "    The id of this connection.",
+    "INFO",
+    "    Details of this connection, as one CLIENT LIST line.",
+    "KILL <ip:port> | <filter> <value> ...",
+    "    Closes connections by address, or by ID, ADDR, LADDR, USER, TYPE, MAXAGE, SKIPME.",
+    "LIST [TYPE <type>] [ID <id> ...]",
+    "    One line per connection.",
+    "NO-EVICT (ON|OFF)",
+    "    Marks this connection as exempt from client eviction.",
+    "NO-TOUCH (ON|OFF)",
+    "    Whether this connection's reads update keys' access times.",
+    "PAUSE <timeout> [WRITE|ALL]",
+    "    Holds back client commands (or only writes) for <timeout> milliseconds.",
+    "REPLY (ON|OFF|SKIP)",
+    "    Turns replies to this connection on or off, or skips the next one.",
+    "SETINFO <LIB-NAME|LIB-VER> <value>",
+    "    Records the client library's name or version.",
+    "SETNAME <name>",
+    "    Names this connection.",
+    "UNBLOCK <id> [TIMEOUT|ERROR]",
+    "    Releases a client blocked in a blocking command.",
+    "UNPAUSE",
+    "    Ends a pause.",
+    "HELP",
+    "    Print this help.",
+];
+
+fn on_off(arg: &[u8]) -> Option<bool> {
+    if eq_ci(arg, "on") {
+        Some(true)
+    } else if eq_ci(arg, "off") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Holds a command back while CLIENT PAUSE is in force for it.
+pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
+    loop {
+        let (pause, notify) = {
+            let clients = sess.worker.clients.borrow();
+            (clients.pause, clients.pause_notify.clone())
+        };
+        let now = unix_ms();
+        if pause.until_unix_ms <= now {
+            return;
+        }
+        if pause.writes_only {
+            let writes = table()
+                .lookup(&args[0])
+                .is_some_and(|c| c.has(flags::WRITE) || c.has(flags::MAY_REPLICATE));
+            if !writes {
+                return;
+            }
+        }
+        let wait = Duration::from_millis(pause.until_unix_ms - now);
+        let _ = tokio::time::timeout(wait, notify.notified()).await;
+    }
+}
+
+/// A CLIENT KILL filter.
+#[derive(Clone, Default)]
+struct KillFilter {
+    id: Option<u64>,
+    addr: Option<String>,
+    laddr: Option<String>,
+    user: Option<String>,
+    maxage: Option<u64>,
+    type_normal_only: Option<bool>,
+    skip_me: Option<u64>,
+}
+
+fn parse_kill(sess: &Session, args: &[Bytes]) -> Result<(KillFilter, bool), String> {
+    let mut f = KillFilter {
+        skip_me: Some(sess.id),
+        ..KillFilter::default()
+    };
+    if args.len() == 3 {
+        // The old form: CLIENT KILL ip:port, which also kills the caller.
+        f.addr = Some(String::from_utf8_lossy(&args[2]).into_owned());
+        f.skip_me = None;
+        return Ok((f, true));
+    }
+    let mut i = 2;
+    while i < args.len() {
+        if i + 1 >= args.len() {
+            return Err(SYNTAX_ERR.into());
+        }
+        let v = &args[i + 1];
+        let text = String::from_utf8_lossy(v).into_owned();
+        match String::from_utf8_lossy(&args[i])
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "id" => {
+                f.id = Some(
+                    parse_i64(v)
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or("ERR client-id should be greater than 0")?
+                        as u64,
+                )
+            }
+            "addr" => f.addr = Some(text),
+            "laddr" => f.laddr = Some(text),
+            "user" => f.user = Some(text),
+            "maxage" => f.maxage = Some(parse_i64(v).map_err(|e| e.to_string())?.max(0) as u64),
+            "type" => match text.to_ascii_lowercase().as_str() {
+                "normal" => f.type_normal_only = Some(true),
+                "master" | "replica" | "slave" | "pubsub" => f.type_normal_only = Some(false),
+                _ => return Err(format!("ERR Unknown client type '{}'", text)),
+            },
+            "skipme" => match text.to_ascii_lowercase().as_str() {
+                "yes" => f.skip_me = Some(sess.id),
+                "no" => f.skip_me = None,
+                _ => return Err(SYNTAX_ERR.into()),
+            },
+            _ => return Err(SYNTAX_ERR.into()),
+        }
+        i += 2;
+    }
+    Ok((f, false))
+}
+
+async_handler!(client, |sess, args| {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "id" => sess.out.int(sess.id as i64),
+        "getname" => {
+            let name = sess.handle.info.borrow().name.clone();
+            if name.is_empty() {
+                sess.out.null();
+            } else {
+                sess.out.bulk(&name);
+            }
+        }
+        "setname" => {
+            if let Err(e) = valid_name(&args[2], "Client names") {
+                return sess.error(&e);
+            }
+            sess.handle.info.borrow_mut().name = args[2].to_vec();
+            sess.out.ok();
+        }
+        "setinfo" => {
+            let attr = String::from_utf8_lossy(&args[2]).to_ascii_lowercase();
+            let what = match attr.as_str() {
+                "lib-name" => "lib-name",
+                "lib-ver" => "lib-ver",
+                _ => {
+                    return sess.error(&format!(
+                        "ERR Unrecognized option '{}'",
+                        printable(&args[2], 128)
+                    ))
+                }
+            };
+            if let Err(e) = valid_name(&args[3], what) {
+                return sess.error(&e);
+            }
+            let mut info = sess.handle.info.borrow_mut();
+            if what == "lib-name" {
+                info.lib_name = args[3].to_vec();
+            } else {
+                info.lib_ver = args[3].to_vec();
+            }
+            drop(info);
+            sess.out.ok();
+        }
+        "info" => {
+            let line = sess.handle.info.borrow().line(unix_ms());
+            sess.out.verbatim(format!("{}\n", line).as_bytes());
+        }
+        "list" => {
+            let mut ids: Option<Vec<u64>> = None;
+            let mut i = 2;
+            while i < args.len() {
+                if eq_ci(&args[i], "type") && i + 1 < args.len() {
+                    let t = String::from_utf8_lossy(&args[i + 1]).to_ascii_lowercase();
+                    if !["normal", "master", "replica", "slave", "pubsub"].contains(&t.as_str()) {
+                        return sess.error(&format!(
+                            "ERR Unknown client type '{}'",
+                            printable(&args[i + 1], 128)
+                        ));
+                    }
+                    if t != "normal" {
+                        // Kite has no replica or pub/sub clients yet: nothing matches.
+                        ids = Some(Vec::new());
+                    }
+                    i += 2;
+                } else if eq_ci(&args[i], "id") && i + 1 < args.len() {
+                    let mut list = Vec::new();
+                    for a in &args[i + 1..] {
+                        match parse_i64(a) {
+                            Ok(n) if n > 0 => list.push(n as u64),
+                            _ => return sess.error("ERR Invalid client ID"),
+                        }
+                    }
+                    ids = Some(list);
+                    i = args.len();
+                } else {
+                    return sess.error(SYNTAX_ERR);
+                }
+            }
+            let lines = broadcast(&sess.worker, move |w| {
+                let now = unix_ms();
+                let clients = w.clients.borrow();
+                let mut v: Vec<(u64, String)> = clients
+                    .map
+                    .values()
+                    .map(|h| {
+                        let info = h.info.borrow();
+                        (info.id, info.line(now))
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .await;
+            let mut all: Vec<(u64, String)> = lines.into_iter().flatten().collect();
+            all.sort();
+            let mut text = String::new();
+            for (id, line) in all {
+                if ids.as_ref().is_none_or(|l| l.contains(&id)) {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+            }
+            sess.out.verbatim(text.as_bytes());
+        }
+        "kill" => {
+            let (filter, old_form) = match parse_kill(sess, &args) {
+                Ok(f) => f,
+                Err(e) => return sess.error(&e),
+            };
+            let f = filter.clone();
+            let killed = broadcast(&sess.worker, move |w| {
+                let now = unix_ms();
+                let clients = w.clients.borrow();
+                let mut n = 0;
+                for h in clients.map.values() {
+                    let info = h.info.borrow();
+                    let matches = f.id.is_none_or(|id| id == info.id)
+                        && f.addr.as_ref().is_none_or(|a| *a == info.addr)
+                        && f.laddr.as_ref().is_none_or(|a| *a == info.laddr)
+                        && f.user.as_ref().is_none_or(|u| u == info.user)
+                        && f.maxage.is_none_or(|age| {
+                            now.saturating_sub(info.created_unix_ms) / 1000 >= age
+                        })
+                        && f.type_normal_only != Some(false)
+                        && f.skip_me != Some(info.id);
+                    if matches {
+                        drop(info);
+                        h.kill();
+                        n += 1;
+                    }
+                }
+                n
+            })
+            .await;
+            let total: i64 = killed.iter().sum();
+            if old_form {
+                if total == 0 {
+                    sess.error("ERR No such client");
+                } else {
+                    sess.out.ok();
+                }
+            } else {
+                sess.out.int(total);
+            }
+        }
+        "reply" => {
+            let mode = &args[2];
+            if eq_ci(mode, "on") {
+                sess.reply_mode = ReplyMode::On;
+                sess.out.ok();
+            } else if eq_ci(mode, "off") {
+                sess.reply_mode = ReplyMode::Off;
+            } else if eq_ci(mode, "skip") {
+                if sess.reply_mode != ReplyMode::Off {
+                    sess.reply_mode = ReplyMode::SkipNext;
+                }
+            } else {
+                sess.error(SYNTAX_ERR);
+            }
+        }
+        "no-evict" => match on_off(&args[2]) {
+            Some(v) => {
+                sess.handle.info.borrow_mut().no_evict = v;
+                sess.out.ok();
+            }
+            None => sess.error(SYNTAX_ERR),
+        },
+        "no-touch" => match on_off(&args[2]) {
+            Some(v) => {
+                sess.no_touch = v;
+                sess.handle.info.borrow_mut().no_touch = v;
+                sess.out.ok();
+            }
+            None => sess.error(SYNTAX_ERR),
+        },
+        "pause" => {
+            let ms = match parse_i64(&args[2]) {
+                Ok(v) if v < 0 => return sess.error("ERR timeout is negative"),
+                Ok(v) => v as u64,
+                Err(_) => return sess.error("ERR timeout is not an integer or out of range"),
+            };
+            let writes_only = match args.get(3) {
+                None => false,
+                Some(a) if eq_ci(a, "write") && args.len() == 4 => true,
+                Some(a) if eq_ci(a, "all") && args.len() == 4 => false,
+                Some(_) => return sess.error(SYNTAX_ERR),
+            };
+            let until = unix_ms().saturating_add(ms);
+            broadcast(&sess.worker, move |w| {
+                let mut clients = w.clients.borrow_mut();
+                let old = clients.pause;
+                // A longer pause wins; an ALL pause is not weakened by a WRITE one.
+                if until > old.until_unix_ms || (!writes_only && old.writes_only) {
+                    clients.pause = Pause {
+                        until_unix_ms: until.max(old.until_unix_ms),
+                        writes_only: writes_only
+                            && (old.writes_only || old.until_unix_ms <= unix_ms()),
+                    };
+                }
+            })
+            .await;
+            sess.out.ok();
+        }
+        "unpause" => {
+            broadcast(&sess.worker, |w| {
+                let mut clients = w.clients.borrow_mut();
+                clients.pause = Pause::default();
+                clients.pause_notify.notify_waiters();
+            })
+            .await;
+            sess.out.ok();
+        }
+        "unblock" => {
+            if parse_i64(&args[2]).is_err() {
+                return sess.error(NOT_INT);
+            }
+            if args.len() == 4 && !(eq_ci(&args[3], "timeout") || eq_ci(&args[3], "error")) {
+                return sess.error("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR");
+            }
+            if args.len() > 4 {
+                return sess.error(SYNTAX_ERR);
+            }
+            // No command blocks in this version, so no client can be unblocked.
+            sess.out.int(0);
+        }
+        "getredir" => sess.out.int(-1),
+        "help" => {
+            sess.out.array(CLIENT_HELP.len());
+            for line in CLIENT_HELP {
+                sess.out.simple(line);
+            }
+        }
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+});

@@ -1,0 +1,453 @@
+//! Commands: the table (in `table.rs`), routing to shards, and one file per family.
+
+pub mod connection;
+pub mod keys;
+pub mod server;
+// pub mod strings;
+pub mod table;
+pub mod transactions;
+pub mod util;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+
+use crate::server::session::Session;
+use crate::shard::tx::Tx;
+use crate::shard::{exec_here, run_batch_on, BatchSpec, ExecCtx};
+
+pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+/// Runs on the shard that owns every key of the command.
+pub type ExecFn = fn(&mut ExecCtx, &[Bytes]);
+/// Runs on the connection's thread, synchronously (connection state, no keys).
+pub type ConnFn = fn(&mut Session, &[Bytes]);
+/// Runs on the connection's thread and may talk to other shards.
+pub type AsyncFn = for<'a> fn(&'a mut Session, Vec<Bytes>) -> LocalBoxFuture<'a>;
+/// Runs a command whose keys span shards, under a transaction holding all its keys.
+pub type CrossFn = for<'a> fn(&'a mut Session, Vec<Bytes>, &'a Tx) -> LocalBoxFuture<'a>;
+
+#[derive(Clone, Copy)]
+pub enum Handler {
+    Shard(ExecFn),
+    /// A multi-key command: the shard form when all keys share a shard, else the cross form.
+    Multi(ExecFn, CrossFn),
+    Conn(ConnFn),
+    Async(AsyncFn),
+}
+
+/// Where a command's keys are.
+#[derive(Clone, Copy)]
+pub enum Keys {
+    None,
+    /// first, last (negative counts from the end), step: as COMMAND INFO reports.
+    Range(i32, i32, i32),
+    /// Keys found by parsing the arguments; also returns the COMMAND INFO triple.
+    Custom(fn(&[Bytes]) -> Vec<usize>, (i32, i32, i32)),
+}
+
+pub mod flags {
+    pub const WRITE: u32 = 1;
+    pub const READONLY: u32 = 1 << 1;
+    pub const DENYOOM: u32 = 1 << 2;
+    pub const ADMIN: u32 = 1 << 3;
+    pub const PUBSUB: u32 = 1 << 4;
+    pub const NOSCRIPT: u32 = 1 << 5;
+    pub const BLOCKING: u32 = 1 << 6;
+    pub const LOADING: u32 = 1 << 7;
+    pub const STALE: u32 = 1 << 8;
+    pub const SKIP_MONITOR: u32 = 1 << 9;
+    pub const SKIP_SLOWLOG: u32 = 1 << 10;
+    pub const FAST: u32 = 1 << 11;
+    pub const NO_AUTH: u32 = 1 << 12;
+    pub const MAY_REPLICATE: u32 = 1 << 13;
+    /// Executed at once even inside MULTI (EXEC, DISCARD, MULTI, WATCH, QUIT, RESET).
+    pub const NO_QUEUE: u32 = 1 << 14;
+    pub const NO_MULTI: u32 = 1 << 15;
+    pub const ALLOW_BUSY: u32 = 1 << 16;
+    /// Touches every shard (FLUSHALL, SWAPDB...): inside a transaction it locks them whole.
+    pub const GLOBAL: u32 = 1 << 17;
+
+    pub const NAMES: &[(u32, &str)] = &[
+        (WRITE, "write"),
+        (READONLY, "readonly"),
+        (DENYOOM, "denyoom"),
+        (ADMIN, "admin"),
+        (PUBSUB, "pubsub"),
+        (NOSCRIPT, "noscript"),
+        (BLOCKING, "blocking"),
+        (LOADING, "loading"),
+        (STALE, "stale"),
+        (SKIP_MONITOR, "skip_monitor"),
+        (SKIP_SLOWLOG, "skip_slowlog"),
+        (FAST, "fast"),
+        (NO_AUTH, "no_auth"),
+        (MAY_REPLICATE, "may_replicate"),
+        (NO_MULTI, "no_multi"),
+        (ALLOW_BUSY, "allow_busy"),
+    ];
+
+    pub fn parse(s: &str) -> u32 {
+        let mut f = 0;
+        for word in s.split_whitespace() {
+            match word {
+                "noqueue" => f |= NO_QUEUE,
+                "global" => f |= GLOBAL,
+                w => {
+                    f |= NAMES
+                        .iter()
+                        .find(|(_, n)| *n == w)
+                        .unwrap_or_else(|| panic!("unknown command flag {w}"))
+                        .0
+                }
+            }
+        }
+        f
+    }
+}
+
+pub struct Command {
+    pub id: usize,
+    pub name: &'static str,
+    pub arity: i32,
+    pub flags: u32,
+    pub keys: Keys,
+    pub group: &'static str,
+    pub since: &'static str,
+    pub summary: &'static str,
+    pub handler: Handler,
+    /// Subcommands of a container command (CLIENT, CONFIG...), for COMMAND's replies.
+    pub subcommands: &'static [(&'static str, i32, &'static str)],
+}
+
+impl Command {
+    #[inline]
+    pub fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
+
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        let a = self.arity;
+        if a >= 0 {
+            argc == a as usize
+        } else {
+            argc >= (-a) as usize
+        }
+    }
+
+    /// Indices of the key arguments of `args` (the command name is index 0).
+    pub fn key_positions(&self, args: &[Bytes]) -> Vec<usize> {
+        match self.keys {
+            Keys::None => Vec::new(),
+            Keys::Range(first, last, step) => {
+                let argc = args.len() as i32;
+                let last = if last < 0 {
+                    argc + last
+                } else {
+                    last.min(argc - 1)
+                };
+                let mut v = Vec::new();
+                let mut i = first;
+                while i <= last && i < argc {
+                    v.push(i as usize);
+                    i += step.max(1);
+                }
+                v
+            }
+            Keys::Custom(f, _) => f(args),
+        }
+    }
+
+    pub fn key_spec(&self) -> (i32, i32, i32) {
+        match self.keys {
+            Keys::None => (0, 0, 0),
+            Keys::Range(a, b, c) => (a, b, c),
+            Keys::Custom(_, spec) => spec,
+        }
+    }
+
+    /// The function that runs this command on a shard, if it is a keyed command.
+    pub fn exec_fn(&self) -> Option<ExecFn> {
+        match self.handler {
+            Handler::Shard(f) | Handler::Multi(f, _) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+pub struct CommandTable {
+    pub commands: Vec<Command>,
+    by_name: HashMap<&'static str, usize>,
+}
+
+static TABLE: OnceLock<CommandTable> = OnceLock::new();
+
+pub fn table() -> &'static CommandTable {
+    TABLE.get_or_init(|| {
+        let mut commands = table::all();
+        for (i, c) in commands.iter_mut().enumerate() {
+            c.id = i;
+        }
+        let by_name = commands.iter().map(|c| (c.name, c.id)).collect();
+        CommandTable { commands, by_name }
+    })
+}
+
+impl CommandTable {
+    /// Finds a command by name, case-insensitively, without allocating.
+    pub fn lookup(&self, name: &[u8]) -> Option<&'static Command> {
+        let mut buf = [0u8; 32];
+        if name.len() > buf.len() {
+            return None;
+        }
+        for (d, s) in buf.iter_mut().zip(name) {
+            *d = s.to_ascii_lowercase();
+        }
+        let lower = std::str::from_utf8(&buf[..name.len()]).ok()?;
+        let id = *self.by_name.get(lower)?;
+        Some(&table().commands[id])
+    }
+
+    pub fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+}
+
+/// Where a keyed command runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Route {
+    /// No keys: on the connection's thread.
+    Here,
+    /// Every key on this shard.
+    Shard(usize),
+    /// Keys on several shards.
+    Spread,
+}
+
+/// Finds the shard(s) of a command's keys.
+pub fn route(sess: &Session, cmd: &Command, args: &[Bytes]) -> Route {
+    if let Keys::Range(first, last, _) = cmd.keys {
+        if first == last && (first as usize) < args.len() {
+            return Route::Shard(sess.worker.shard_of(&args[first as usize]));
+        }
+    }
+    let positions = cmd.key_positions(args);
+    let mut it = positions.iter();
+    let Some(&first) = it.next() else {
+        return Route::Here;
+    };
+    let shard = sess.worker.shard_of(&args[first]);
+    for &p in it {
+        if sess.worker.shard_of(&args[p]) != shard {
+            return Route::Spread;
+        }
+    }
+    Route::Shard(shard)
+}
+
+/// The error for an unknown command, in Redis's words and format.
+pub fn unknown_command_error(args: &[Bytes]) -> String {
+    let mut msg = format!(
+        "ERR unknown command '{}', with args beginning with: ",
+        util::printable(&args[0], 128)
+    );
+    for a in args.iter().skip(1) {
+        if msg.len() > 128 {
+            break;
+        }
+        msg.push_str(&format!("'{}' ", util::printable(a, 128)));
+    }
+    msg
+}
+
+pub fn arity_error(name: &str) -> String {
+    format!("ERR wrong number of arguments for '{}' command", name)
+}
+
+/// Checks a container command's subcommand name and arity, as Redis 7 does before
+/// running it.
+pub fn check_subcommand(cmd: &Command, args: &[Bytes]) -> Result<(), String> {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match cmd.subcommands.iter().find(|(n, _, _)| *n == sub) {
+        None => Err(format!(
+            "ERR unknown subcommand '{}'. Try {} HELP.",
+            util::printable(&args[1], 128),
+            cmd.name.to_ascii_uppercase()
+        )),
+        Some((name, arity, _)) => {
+            let ok = if *arity >= 0 {
+                args.len() == *arity as usize
+            } else {
+                args.len() >= (-*arity) as usize
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(format!(
+                    "ERR wrong number of arguments for '{}|{}' command",
+                    cmd.name, name
+                ))
+            }
+        }
+    }
+}
+
+/// Validates and runs one command for a session: lookup, arity, authentication, MULTI
+/// queueing, then execution on the right thread.
+pub async fn execute(sess: &mut Session, args: Vec<Bytes>) {
+    let Some(cmd) = table().lookup(&args[0]) else {
+        let msg = unknown_command_error(&args);
+        sess.reject(&msg);
+        return;
+    };
+    if !cmd.arity_ok(args.len()) {
+        sess.reject(&arity_error(cmd.name));
+        sess.count_rejected(cmd);
+        return;
+    }
+    if !cmd.subcommands.is_empty() {
+        if let Err(msg) = check_subcommand(cmd, &args) {
+            sess.reject(&msg);
+            sess.count_rejected(cmd);
+            return;
+        }
+    }
+    if !sess.authenticated && !cmd.has(flags::NO_AUTH) {
+        sess.reject("NOAUTH Authentication required.");
+        sess.count_rejected(cmd);
+        return;
+    }
+    if sess.multi.is_some() && !cmd.has(flags::NO_QUEUE) {
+        transactions::queue(sess, cmd, args);
+        return;
+    }
+    if cmd.has(flags::DENYOOM) && sess.over_maxmemory() {
+        sess.reject("OOM command not allowed when used memory > 'maxmemory'.");
+        sess.count_rejected(cmd);
+        return;
+    }
+    sess.note_command(cmd);
+    run(sess, cmd, args).await;
+}
+
+/// Runs a validated command outside MULTI.
+pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
+    match cmd.handler {
+        Handler::Conn(f) => {
+            let start = Instant::now();
+            let mark = sess.out.buf.len();
+            f(sess, &args);
+            sess.record_here(cmd, &args, start, mark);
+        }
+        Handler::Async(f) => {
+            let start = Instant::now();
+            let mark = sess.out.buf.len();
+            let kept = args.clone();
+            f(sess, args).await;
+            sess.record_here(cmd, &kept, start, mark);
+        }
+        Handler::Shard(f) | Handler::Multi(f, _) => match route(sess, cmd, &args) {
+            Route::Here => run_on_shard(sess, sess.worker.id, cmd, f, args).await,
+            Route::Shard(s) => run_on_shard(sess, s, cmd, f, args).await,
+            Route::Spread => {
+                let Handler::Multi(_, cross) = cmd.handler else {
+                    unreachable!("single-shard command with keys on several shards")
+                };
+                let start = Instant::now();
+                let mark = sess.out.buf.len();
+                let keys: Vec<Bytes> = cmd
+                    .key_positions(&args)
+                    .into_iter()
+                    .map(|i| args[i].clone())
+                    .collect();
+                let tx = Tx::lock_keys(&sess.worker, &keys, false).await;
+                let kept = args.clone();
+                cross(sess, args, &tx).await;
+                drop(tx);
+                sess.worker.shard.borrow_mut().stats.multi_shard += 1;
+                sess.record_here(cmd, &kept, start, mark);
+            }
+        },
+    }
+}
+
+/// Runs a keyed command on shard `target`: inline when that is this thread and its keys
+/// are free, else as a one-command batch (a hop, or a wait in the lock queue).
+async fn run_on_shard(
+    sess: &mut Session,
+    target: usize,
+    cmd: &'static Command,
+    f: crate::commands::ExecFn,
+    args: Vec<Bytes>,
+) {
+    let worker = sess.worker.clone();
+    if target == worker.id {
+        let mut shard = worker.shard.borrow_mut();
+        let free = shard.locks.is_idle() || {
+            let pos = cmd.key_positions(&args);
+            shard.locks.is_free(pos.iter().map(|&i| &args[i][..]))
+        };
+        if free {
+            shard.stats.inline += 1;
+            exec_here(
+                &mut shard,
+                cmd,
+                f,
+                &args,
+                sess.db,
+                &mut sess.out,
+                sess.id,
+                sess.no_touch,
+            );
+            return;
+        }
+    } else {
+        worker.shard.borrow_mut().stats.one_hop += 1;
+    }
+    let mut cmds = std::collections::VecDeque::with_capacity(1);
+    cmds.push_back((cmd, args));
+    let spec = BatchSpec {
+        db: sess.db,
+        resp3: sess.out.resp3,
+        client_id: sess.id,
+        no_touch: sess.no_touch,
+        atomic: None,
+    };
+    let reply = run_batch_on(&worker, target, cmds, spec).await.out;
+    sess.out.buf.extend_from_slice(&reply.buf);
+}
+
+/// Boxes an async handler body; keeps handler definitions short.
+#[macro_export]
+macro_rules! async_handler {
+    ($name:ident, |$sess:ident, $args:ident| $body:block) => {
+        pub fn $name<'a>(
+            $sess: &'a mut $crate::server::session::Session,
+            $args: Vec<bytes::Bytes>,
+        ) -> $crate::commands::LocalBoxFuture<'a> {
+            Box::pin(async move { $body })
+        }
+    };
+}
+
+/// Boxes a cross-shard handler body.
+#[macro_export]
+macro_rules! cross_handler {
+    ($name:ident, |$sess:ident, $args:ident, $tx:ident| $body:block) => {
+        pub fn $name<'a>(
+            $sess: &'a mut $crate::server::session::Session,
+            $args: Vec<bytes::Bytes>,
+            $tx: &'a $crate::shard::tx::Tx,
+        ) -> $crate::commands::LocalBoxFuture<'a> {
+            Box::pin(async move { $body })
+        }
+    };
+}

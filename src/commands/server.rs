@@ -1,0 +1,946 @@
+//! The server family: INFO, CONFIG, COMMAND, TIME, LASTSAVE, DEBUG, SHUTDOWN, SLOWLOG,
+//! LATENCY.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+
+use super::connection::SERVER_VERSION;
+use super::util::{eq_ci, glob_match, parse_f64, parse_i64, printable, SYNTAX_ERR};
+use super::{flags, table, Command};
+use crate::async_handler;
+use crate::server::logs::LatencyEvent;
+use crate::server::session::Session;
+use crate::shard::{broadcast, hop, unix_ms, unix_us, CmdStat};
+
+// ---- INFO ----
+
+/// What INFO needs from one thread.
+#[derive(Default)]
+struct ThreadReport {
+    commands: Vec<CmdStat>,
+    errors: HashMap<String, u64>,
+    counters: [u64; 18],
+    keyspace: Vec<(u64, u64, u64)>,
+    ops_per_sec: u64,
+    clients: u64,
+    lock_waits: u64,
+    dirty: u64,
+}
+
+fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
+    let sh = w.shard.borrow();
+    let st = &sh.stats;
+    let now = unix_ms();
+    ThreadReport {
+        commands: st.commands.clone(),
+        errors: st.errors.clone(),
+        counters: [
+            st.total_commands,
+            st.total_error_replies,
+            st.inline,
+            st.one_hop,
+            st.multi_shard,
+            st.hops,
+            st.squashed_batches,
+            st.squashed_commands,
+            st.migrations,
+            st.expired_keys,
+            st.keyspace_hits,
+            st.keyspace_misses,
+            st.connections_received,
+            st.rejected_connections,
+            st.net_input_bytes,
+            st.net_output_bytes,
+            0,
+            0,
+        ],
+        keyspace: sh
+            .dbs
+            .iter()
+            .map(|db| {
+                let (keys, expires) = (db.table.len() as u64, db.table.volatile_len() as u64);
+                let ttl_sum: u64 = if expires > 0 && expires < 10_000 {
+                    db.table
+                        .iter()
+                        .filter(|e| e.expire_at() > now)
+                        .map(|e| e.expire_at() - now)
+                        .sum()
+                } else {
+                    0
+                };
+                (keys, expires, ttl_sum)
+            })
+            .collect(),
+        ops_per_sec: sh.ops_per_sec(),
+        clients: w.clients.borrow().map.len() as u64,
+        lock_waits: sh.locks.waited_total,
+        dirty: sh.dirty,
+    }
+}
+
+const DEFAULT_SECTIONS: &[&str] = &[
+    "server",
+    "clients",
+    "memory",
+    "persistence",
+    "stats",
+    "replication",
+    "cpu",
+    "modules",
+    "errorstats",
+    "cluster",
+    "keyspace",
+    "transactions",
+];
+
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b < 1024.0 {
+        format!("{}B", bytes)
+    } else if b < 1024.0 * 1024.0 {
+        format!("{:.2}K", b / 1024.0)
+    } else if b < 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2}M", b / (1024.0 * 1024.0))
+    } else {
+        format!("{:.2}G", b / (1024.0 * 1024.0 * 1024.0))
+    }
+}
+
+fn rusage() -> (f64, f64) {
+    // SAFETY: getrusage fills the zeroed struct we pass; no other memory is touched.
+    unsafe {
+        let mut r: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut r);
+        let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+        (t(r.ru_stime), t(r.ru_utime))
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+async_handler!(info, |sess, args| {
+    let wanted: Vec<String> = args[1..]
+        .iter()
+        .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+        .collect();
+    let everything = wanted.iter().any(|w| w == "all" || w == "everything");
+    let default = wanted.is_empty() || wanted.iter().any(|w| w == "default");
+    let show = |name: &str| {
+        everything
+            || (default && DEFAULT_SECTIONS.contains(&name))
+            || wanted.iter().any(|w| w == name)
+    };
+    let reports = broadcast(&sess.worker, |w| thread_report(w)).await;
+    let shared = sess.worker.shared.clone();
+    let (config_file, maxmemory, policy, hz, port) = {
+        let c = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            c.file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            c.get_i64("maxmemory") as u64,
+            c.get("maxmemory-policy").to_string(),
+            c.get_i64("hz"),
+            c.get_i64("port"),
+        )
+    };
+    let sum = |i: usize| reports.iter().map(|r| r.counters[i]).sum::<u64>();
+    let mut s = String::new();
+    let uptime = shared.uptime_ms() / 1000;
+    if show("server") {
+        let _ = write!(
+            s,
+            "# Server\r\nredis_version:{v}\r\nredis_git_sha1:00000000\r\nredis_git_dirty:0\r\nredis_build_id:0\r\nredis_mode:standalone\r\nos:{os}\r\narch_bits:64\r\nmonotonic_clock:POSIX clock_gettime\r\nmultiplexing_api:epoll\r\natomicvar_api:c11-builtin\r\ngcc_version:0.0.0\r\nprocess_id:{pid}\r\nprocess_supervised:no\r\nrun_id:{run}\r\ntcp_port:{port}\r\nserver_time_usec:{now}\r\nuptime_in_seconds:{up}\r\nuptime_in_days:{days}\r\nhz:{hz}\r\nconfigured_hz:{hz}\r\nlru_clock:{lru}\r\nexecutable:{exe}\r\nconfig_file:{cf}\r\nio_threads_active:0\r\nkite_version:{kv}\r\nkite_threads:{threads}\r\n\r\n",
+            v = SERVER_VERSION,
+            os = std::env::consts::OS,
+            pid = std::process::id(),
+            run = shared.run_id,
+            port = port,
+            now = unix_us(),
+            up = uptime,
+            days = uptime / 86400,
+            hz = hz,
+            lru = (unix_ms() / 1000) & ((1 << 24) - 1),
+            exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            cf = config_file,
+            kv = env!("CARGO_PKG_VERSION"),
+            threads = sess.worker.nshards(),
+        );
+    }
+    if show("clients") {
+        let _ = write!(
+            s,
+            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:0\r\ntracking_clients:0\r\nclients_in_timeout_table:0\r\ntotal_blocking_keys:0\r\ntotal_blocking_keys_on_nokey:0\r\n\r\n",
+            reports.iter().map(|r| r.clients).sum::<u64>(),
+            shared.tunables.maxclients.load(Ordering::Relaxed),
+        );
+    }
+    if show("memory") {
+        let used = shared.used_memory.load(Ordering::Relaxed) as u64;
+        let peak = shared.peak_memory.load(Ordering::Relaxed) as u64;
+        let rss = rss_bytes();
+        let _ = write!(
+            s,
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{uh}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{rh}\r\nused_memory_peak:{peak}\r\nused_memory_peak_human:{ph}\r\nused_memory_lua:0\r\nmaxmemory:{max}\r\nmaxmemory_human:{mh}\r\nmaxmemory_policy:{policy}\r\nmem_fragmentation_ratio:{frag:.2}\r\nmem_allocator:jemalloc-5.3.0\r\n\r\n",
+            used = used,
+            uh = human(used),
+            rss = rss,
+            rh = human(rss),
+            peak = peak,
+            ph = human(peak),
+            max = maxmemory,
+            mh = human(maxmemory),
+            policy = policy,
+            frag = if used > 0 { rss as f64 / used as f64 } else { 0.0 },
+        );
+    }
+    if show("persistence") {
+        let _ = write!(
+            s,
+            "# Persistence\r\nloading:0\r\nasync_loading:0\r\ncurrent_cow_peak:0\r\nrdb_changes_since_last_save:{}\r\nrdb_bgsave_in_progress:0\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:ok\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\naof_last_write_status:ok\r\n\r\n",
+            reports.iter().map(|r| r.dirty).sum::<u64>(),
+            shared.lastsave_unix.load(Ordering::Relaxed),
+        );
+    }
+    if show("stats") {
+        let _ = write!(
+            s,
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:0\r\npubsub_patterns:0\r\ntotal_error_replies:{}\r\n\r\n",
+            sum(12),
+            sum(0),
+            reports.iter().map(|r| r.ops_per_sec).sum::<u64>(),
+            sum(14),
+            sum(15),
+            sum(13),
+            sum(9),
+            sum(10),
+            sum(11),
+            sum(1),
+        );
+    }
+    if show("replication") {
+        let _ = write!(
+            s,
+            "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:0\r\nrepl_backlog_size:1048576\r\nrepl_backlog_first_byte_offset:0\r\nrepl_backlog_histlen:0\r\n\r\n",
+            shared.run_id
+        );
+    }
+    if show("cpu") {
+        let (sys, user) = rusage();
+        let _ = write!(
+            s,
+            "# CPU\r\nused_cpu_sys:{:.6}\r\nused_cpu_user:{:.6}\r\nused_cpu_sys_children:0.000000\r\nused_cpu_user_children:0.000000\r\n\r\n",
+            sys, user
+        );
+    }
+    if show("modules") {
+        s.push_str("# Modules\r\n\r\n");
+    }
+    if show("commandstats") {
+        s.push_str("# Commandstats\r\n");
+        for cmd in &table().commands {
+            let mut total = CmdStat::default();
+            for r in &reports {
+                let c = r.commands[cmd.id];
+                total.calls += c.calls;
+                total.usec += c.usec;
+                total.rejected += c.rejected;
+                total.failed += c.failed;
+            }
+            if total.calls + total.rejected + total.failed == 0 {
+                continue;
+            }
+            let per = if total.calls > 0 {
+                total.usec as f64 / total.calls as f64
+            } else {
+                0.0
+            };
+            let _ = write!(
+                s,
+                "cmdstat_{}:calls={},usec={},usec_per_call={:.2},rejected_calls={},failed_calls={}\r\n",
+                cmd.name, total.calls, total.usec, per, total.rejected, total.failed
+            );
+        }
+        s.push_str("\r\n");
+    }
+    if show("errorstats") {
+        s.push_str("# Errorstats\r\n");
+        let mut errors: Vec<(String, u64)> = Vec::new();
+        for r in &reports {
+            for (k, v) in &r.errors {
+                match errors.iter_mut().find(|e| &e.0 == k) {
+                    Some(e) => e.1 += v,
+                    None => errors.push((k.clone(), *v)),
+                }
+            }
+        }
+        errors.sort();
+        for (k, v) in errors {
+            let _ = write!(s, "errorstat_{}:count={}\r\n", k, v);
+        }
+        s.push_str("\r\n");
+    }
+    if show("cluster") {
+        s.push_str("# Cluster\r\ncluster_enabled:0\r\n\r\n");
+    }
+    if show("keyspace") {
+        s.push_str("# Keyspace\r\n");
+        let dbs = reports.first().map_or(0, |r| r.keyspace.len());
+        for db in 0..dbs {
+            let (mut keys, mut expires, mut ttl) = (0, 0, 0);
+            for r in &reports {
+                keys += r.keyspace[db].0;
+                expires += r.keyspace[db].1;
+                ttl += r.keyspace[db].2;
+            }
+            if keys > 0 {
+                let avg = if expires > 0 { ttl / expires } else { 0 };
+                let _ = write!(
+                    s,
+                    "db{}:keys={},expires={},avg_ttl={}\r\n",
+                    db, keys, expires, avg
+                );
+            }
+        }
+        s.push_str("\r\n");
+    }
+    if show("transactions") {
+        let _ = write!(
+            s,
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\n\r\n",
+            sum(2),
+            sum(3),
+            sum(4),
+            sum(5),
+            sum(6),
+            sum(7),
+            sum(8),
+            reports.iter().map(|r| r.lock_waits).sum::<u64>(),
+        );
+    }
+    // Sections end with a blank line; the reply ends after the last field.
+    while s.ends_with("\r\n\r\n") {
+        s.truncate(s.len() - 2);
+    }
+    sess.out.verbatim(s.as_bytes());
+});
+
+// ---- CONFIG ----
+
+pub const CONFIG_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("get", -3, "admin noscript loading stale"),
+    ("help", 2, "loading stale"),
+    ("resetstat", 2, "admin noscript loading stale"),
+    ("set", -4, "admin noscript loading stale"),
+];
+
+const CONFIG_HELP: &[&str] = &[
+    "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GET <pattern> [<pattern> ...]",
+    "    Parameters matching the glob patterns, with their values.",
+    "SET <parameter> <value> [<parameter> <value> ...]",
+    "    Changes parameters at run time, all or none.",
+    "RESETSTAT",
+    "    Zeroes the statistics INFO reports.",
+    "HELP",
+    "    Print this help.",
+];
+
+pub fn config(sess: &mut Session, args: &[Bytes]) {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    let shared = sess.worker.shared.clone();
+    match sub.as_str() {
+        "get" => {
+            let patterns: Vec<Vec<u8>> = args[2..].iter().map(|a| a.to_vec()).collect();
+            let pairs = shared
+                .config
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .matching(&patterns);
+            sess.out.map(pairs.len());
+            for (k, v) in pairs {
+                sess.out.bulk(k.as_bytes());
+                sess.out.bulk(v.as_bytes());
+            }
+        }
+        "set" => {
+            if args.len() % 2 != 0 {
+                return sess.error(&super::arity_error("config|set"));
+            }
+            let pairs: Vec<(String, String)> = args[2..]
+                .chunks(2)
+                .map(|c| {
+                    (
+                        String::from_utf8_lossy(&c[0]).into_owned(),
+                        String::from_utf8_lossy(&c[1]).into_owned(),
+                    )
+                })
+                .collect();
+            let mut config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+            match config.set_many(&pairs) {
+                Ok(()) => {
+                    shared.tunables.refresh(&config);
+                    drop(config);
+                    sess.out.ok();
+                }
+                Err(e) => {
+                    drop(config);
+                    sess.error(&e);
+                }
+            }
+        }
+        "resetstat" => {
+            for target in 0..sess.worker.nshards() {
+                let reset = |w: &std::rc::Rc<crate::shard::Worker>| {
+                    let mut sh = w.shard.borrow_mut();
+                    sh.reset_stats();
+                    sh.logs.slow.clear();
+                };
+                if target == sess.worker.id {
+                    reset(&sess.worker);
+                } else {
+                    shared.send(target, Box::new(reset));
+                }
+            }
+            sess.out.ok();
+        }
+        "help" => help(sess, CONFIG_HELP),
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+}
+
+fn help(sess: &mut Session, lines: &[&str]) {
+    sess.out.array(lines.len());
+    for l in lines {
+        sess.out.simple(l);
+    }
+}
+
+// ---- COMMAND ----
+
+pub const COMMAND_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("count", 2, "loading stale"),
+    ("docs", -2, "loading stale"),
+    ("getkeys", -3, "loading stale"),
+    ("getkeysandflags", -3, "loading stale"),
+    ("help", 2, "loading stale"),
+    ("info", -2, "loading stale"),
+    ("list", -2, "loading stale"),
+];
+
+const COMMAND_HELP: &[&str] = &[
+    "COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "(no subcommand)",
+    "    Details of every command.",
+    "COUNT",
+    "    How many commands there are.",
+    "DOCS [<command-name> ...]",
+    "    Documentation of the given commands, or of all.",
+    "GETKEYS <full-command>",
+    "    The key arguments of a full command line.",
+    "GETKEYSANDFLAGS <full-command>",
+    "    The key arguments of a full command line, with their access flags.",
+    "INFO [<command-name> ...]",
+    "    Details of the given commands, or of all.",
+    "LIST [FILTERBY (MODULE <module-name>|ACLCAT <category>|PATTERN <pattern>)]",
+    "    The names of all commands, optionally filtered.",
+    "HELP",
+    "    Print this help.",
+];
+
+fn acl_categories(cmd: &Command) -> Vec<&'static str> {
+    let mut cats = Vec::new();
+    if cmd.has(flags::WRITE) {
+        cats.push("@write");
+    }
+    if cmd.has(flags::READONLY) {
+        cats.push("@read");
+    }
+    cats.push(match cmd.group {
+        "string" => "@string",
+        "bitmap" => "@bitmap",
+        "generic" => "@keyspace",
+        "connection" => "@connection",
+        "transactions" => "@transaction",
+        _ => "@admin",
+    });
+    if cmd.has(flags::ADMIN) {
+        cats.push("@dangerous");
+    }
+    cats.push(if cmd.has(flags::FAST) {
+        "@fast"
+    } else {
+        "@slow"
+    });
+    cats
+}
+
+fn flag_names(f: u32) -> Vec<&'static str> {
+    flags::NAMES
+        .iter()
+        .filter(|(bit, _)| f & bit != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+fn write_command_info(sess: &mut Session, cmd: &Command) {
+    let (first, last, step) = cmd.key_spec();
+    sess.out.array(10);
+    sess.out.bulk(cmd.name.as_bytes());
+    sess.out.int(cmd.arity as i64);
+    let names = flag_names(cmd.flags);
+    sess.out.set(names.len());
+    for n in names {
+        sess.out.simple(n);
+    }
+    sess.out.int(first as i64);
+    sess.out.int(last as i64);
+    sess.out.int(step as i64);
+    let cats = acl_categories(cmd);
+    sess.out.set(cats.len());
+    for c in cats {
+        sess.out.simple(c);
+    }
+    sess.out.set(0);
+    sess.out.array(0);
+    sess.out.array(cmd.subcommands.len());
+    for (name, arity, f) in cmd.subcommands {
+        sess.out.array(10);
+        sess.out.bulk(format!("{}|{}", cmd.name, name).as_bytes());
+        sess.out.int(*arity as i64);
+        let names = flag_names(flags::parse(f));
+        sess.out.set(names.len());
+        for n in names {
+            sess.out.simple(n);
+        }
+        let (first, last, step) = if cmd.name == "object" && *name != "help" {
+            (2, 2, 1)
+        } else {
+            (0, 0, 0)
+        };
+        sess.out.int(first);
+        sess.out.int(last);
+        sess.out.int(step);
+        sess.out.set(0);
+        sess.out.set(0);
+        sess.out.array(0);
+        sess.out.array(0);
+    }
+}
+
+pub fn command(sess: &mut Session, args: &[Bytes]) {
+    let t = table();
+    if args.len() == 1 {
+        sess.out.array(t.len());
+        for cmd in &t.commands {
+            write_command_info(sess, cmd);
+        }
+        return;
+    }
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "count" => sess.out.int(t.len() as i64),
+        "info" => {
+            if args.len() == 2 {
+                sess.out.array(t.len());
+                for cmd in &t.commands {
+                    write_command_info(sess, cmd);
+                }
+                return;
+            }
+            sess.out.array(args.len() - 2);
+            for name in &args[2..] {
+                match t.lookup(name) {
+                    Some(cmd) => write_command_info(sess, cmd),
+                    None => sess.out.null_array(),
+                }
+            }
+        }
+        "docs" => {
+            let cmds: Vec<&Command> = if args.len() == 2 {
+                t.commands.iter().collect()
+            } else {
+                args[2..].iter().filter_map(|n| t.lookup(n)).collect()
+            };
+            sess.out.map(cmds.len());
+            for cmd in cmds {
+                sess.out.bulk(cmd.name.as_bytes());
+                sess.out.map(3);
+                sess.out.bulk(b"summary");
+                sess.out.bulk(cmd.summary.as_bytes());
+                sess.out.bulk(b"since");
+                sess.out.bulk(cmd.since.as_bytes());
+                sess.out.bulk(b"group");
+                sess.out.bulk(cmd.group.as_bytes());
+            }
+        }
+        "getkeys" | "getkeysandflags" => {
+            let with_flags = sub == "getkeysandflags";
+            let Some(cmd) = t.lookup(&args[2]) else {
+                return sess.error("ERR Invalid command specified");
+            };
+            let full = &args[2..];
+            if !cmd.arity_ok(full.len()) {
+                return sess.error("ERR Invalid number of arguments specified for command");
+            }
+            let positions = cmd.key_positions(full);
+            if positions.is_empty() {
+                return sess.error("ERR The command has no key arguments");
+            }
+            sess.out.array(positions.len());
+            for p in positions {
+                if with_flags {
+                    sess.out.array(2);
+                    sess.out.bulk(&full[p]);
+                    let access = if cmd.has(flags::WRITE) { "RW" } else { "RO" };
+                    sess.out.set(1);
+                    sess.out.simple(access);
+                } else {
+                    sess.out.bulk(&full[p]);
+                }
+            }
+        }
+        "list" => {
+            let mut filter: Option<(String, Bytes)> = None;
+            if args.len() > 2 {
+                if args.len() != 5 || !eq_ci(&args[2], "filterby") {
+                    return sess.error(SYNTAX_ERR);
+                }
+                filter = Some((
+                    String::from_utf8_lossy(&args[3]).to_ascii_lowercase(),
+                    args[4].clone(),
+                ));
+            }
+            let names: Vec<&str> = t
+                .commands
+                .iter()
+                .filter(|c| match &filter {
+                    None => true,
+                    Some((kind, v)) => match kind.as_str() {
+                        "pattern" => glob_match(v, c.name.as_bytes(), true),
+                        "aclcat" => {
+                            let want =
+                                format!("@{}", String::from_utf8_lossy(v).to_ascii_lowercase());
+                            acl_categories(c).contains(&want.as_str())
+                        }
+                        _ => false,
+                    },
+                })
+                .map(|c| c.name)
+                .collect();
+            if let Some((kind, _)) = &filter {
+                if !["pattern", "aclcat", "module"].contains(&kind.as_str()) {
+                    return sess.error(SYNTAX_ERR);
+                }
+            }
+            sess.out.array(names.len());
+            for n in names {
+                sess.out.bulk(n.as_bytes());
+            }
+        }
+        "help" => help(sess, COMMAND_HELP),
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+}
+
+// ---- TIME, LASTSAVE, SHUTDOWN, DEBUG ----
+
+pub fn time(sess: &mut Session, _args: &[Bytes]) {
+    let us = unix_us();
+    sess.out.array(2);
+    sess.out.bulk((us / 1_000_000).to_string().as_bytes());
+    sess.out.bulk((us % 1_000_000).to_string().as_bytes());
+}
+
+pub fn lastsave(sess: &mut Session, _args: &[Bytes]) {
+    sess.out
+        .int(sess.worker.shared.lastsave_unix.load(Ordering::Relaxed) as i64);
+}
+
+pub fn shutdown(sess: &mut Session, args: &[Bytes]) {
+    let mut abort = false;
+    for a in &args[1..] {
+        if eq_ci(a, "abort") {
+            abort = true;
+        } else if !(eq_ci(a, "nosave") || eq_ci(a, "save") || eq_ci(a, "now") || eq_ci(a, "force"))
+        {
+            return sess.error(SYNTAX_ERR);
+        }
+    }
+    if abort {
+        return sess.error("ERR No shutdown in progress.");
+    }
+    tracing::warn!("User requested shutdown...");
+    sess.worker
+        .shared
+        .shutting_down
+        .store(true, Ordering::SeqCst);
+    // Kite keeps no data on disk yet, so there is nothing to save before leaving.
+    std::process::exit(0);
+}
+
+const DEBUG_HELP: &[&str] = &[
+    "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "OBJECT <key>",
+    "    Internal details of the value stored at <key>.",
+    "SET-ACTIVE-EXPIRE <0|1>",
+    "    Turns active expiry off or on.",
+    "SLEEP <seconds>",
+    "    Stops this thread for <seconds> (decimals allowed).",
+    "HELP",
+    "    Print this help.",
+];
+
+async_handler!(debug, |sess, args| {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match (sub.as_str(), args.len()) {
+        ("help", 2) => help(sess, DEBUG_HELP),
+        ("sleep", 3) => {
+            let secs = parse_f64(&args[2]).unwrap_or(0.0).max(0.0);
+            // Like Redis, this blocks the server thread (here: this connection's thread).
+            std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            sess.out.ok();
+        }
+        ("set-active-expire", 3) => match parse_i64(&args[2]) {
+            Ok(v) => {
+                sess.worker
+                    .shared
+                    .active_expire
+                    .store(v != 0, Ordering::Relaxed);
+                sess.out.ok();
+            }
+            Err(e) => sess.error(e),
+        },
+        ("object", 3) => {
+            let db = sess.db;
+            let key = args[2].clone();
+            let shard = sess.worker.shard_of(&key);
+            let found = hop(&sess.worker, shard, move |w| {
+                let mut sh = w.shard.borrow_mut();
+                let lru = sh.lru_clock();
+                sh.lookup(db, &key, unix_ms()).map(|e| {
+                    format!(
+                        "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
+                        e.value.encoding(),
+                        e.value.heap_size(),
+                        e.lru,
+                        lru.saturating_sub(e.lru)
+                    )
+                })
+            })
+            .await;
+            match found {
+                Some(text) => sess.out.simple(&text),
+                None => sess.error("ERR no such key"),
+            }
+        }
+        _ => sess.error(&format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try DEBUG HELP.",
+            printable(&args[1], 128)
+        )),
+    }
+});
+
+// ---- SLOWLOG ----
+
+pub const SLOWLOG_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("get", -2, "admin loading stale"),
+    ("help", 2, "loading stale"),
+    ("len", 2, "admin loading stale"),
+    ("reset", 2, "admin loading stale"),
+];
+
+const SLOWLOG_HELP: &[&str] = &[
+    "SLOWLOG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GET [<count>]",
+    "    The newest <count> entries (10 by default, -1 for all).",
+    "LEN",
+    "    How many entries the slow log holds.",
+    "RESET",
+    "    Empties the slow log.",
+    "HELP",
+    "    Print this help.",
+];
+
+async_handler!(slowlog, |sess, args| {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "get" => {
+            let count = match args.get(2) {
+                None => 10,
+                Some(a) => match parse_i64(a) {
+                    Ok(-1) => usize::MAX,
+                    Ok(n) if n >= 0 => n as usize,
+                    _ => return sess.error("ERR count should be greater than or equal to -1"),
+                },
+            };
+            if args.len() > 3 {
+                return sess.error(&super::arity_error("slowlog|get"));
+            }
+            let logs = broadcast(&sess.worker, |w| {
+                w.shard
+                    .borrow()
+                    .logs
+                    .slow
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            let mut all: Vec<_> = logs.into_iter().flatten().collect();
+            all.sort_by(|a, b| b.id.cmp(&a.id));
+            all.truncate(count);
+            sess.out.array(all.len());
+            for e in all {
+                sess.out.array(6);
+                sess.out.int(e.id as i64);
+                sess.out.int(e.unix_secs as i64);
+                sess.out.int(e.usec as i64);
+                sess.out.array(e.args.len());
+                for a in &e.args {
+                    sess.out.bulk(a);
+                }
+                sess.out.bulk(e.addr.as_bytes());
+                sess.out.bulk(&e.name);
+            }
+        }
+        "len" => {
+            let lens = broadcast(&sess.worker, |w| w.shard.borrow().logs.slow.len()).await;
+            sess.out.int(lens.iter().sum::<usize>() as i64);
+        }
+        "reset" => {
+            broadcast(&sess.worker, |w| w.shard.borrow_mut().logs.slow.clear()).await;
+            sess.out.ok();
+        }
+        "help" => help(sess, SLOWLOG_HELP),
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+});
+
+// ---- LATENCY ----
+
+pub const LATENCY_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("help", 2, "loading stale"),
+    ("history", 3, "admin noscript loading stale"),
+    ("latest", 2, "admin noscript loading stale"),
+    ("reset", -2, "admin noscript loading stale"),
+];
+
+const LATENCY_HELP: &[&str] = &[
+    "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "LATEST",
+    "    The latest and worst latency of each event.",
+    "HISTORY <event>",
+    "    The recorded samples of <event> as (unix time, milliseconds) pairs.",
+    "RESET [<event> ...]",
+    "    Forgets the samples of the given events, or of all.",
+    "HELP",
+    "    Print this help.",
+];
+
+/// Latency events merged over all threads.
+async fn merged_latency(sess: &Session) -> Vec<(&'static str, LatencyEvent)> {
+    let per_thread = broadcast(&sess.worker, |w| {
+        w.shard
+            .borrow()
+            .logs
+            .latency
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    let mut merged: Vec<(&'static str, LatencyEvent)> = Vec::new();
+    for (name, ev) in per_thread.into_iter().flatten() {
+        match merged.iter_mut().find(|m| m.0 == name) {
+            Some(m) => {
+                m.1.max_ms = m.1.max_ms.max(ev.max_ms);
+                m.1.history.extend(ev.history);
+                m.1.history.make_contiguous().sort();
+            }
+            None => merged.push((name, ev)),
+        }
+    }
+    merged.sort_by_key(|m| m.0);
+    merged
+}
+
+async_handler!(latency, |sess, args| {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "latest" => {
+            let merged = merged_latency(sess).await;
+            sess.out.array(merged.len());
+            for (name, ev) in merged {
+                let (t, ms) = ev.history.back().copied().unwrap_or((0, 0));
+                sess.out.array(4);
+                sess.out.bulk(name.as_bytes());
+                sess.out.int(t as i64);
+                sess.out.int(ms as i64);
+                sess.out.int(ev.max_ms as i64);
+            }
+        }
+        "history" => {
+            let want = String::from_utf8_lossy(&args[2]).to_ascii_lowercase();
+            let merged = merged_latency(sess).await;
+            match merged.into_iter().find(|m| m.0 == want) {
+                None => sess.out.array(0),
+                Some((_, ev)) => {
+                    sess.out.array(ev.history.len());
+                    for (t, ms) in ev.history {
+                        sess.out.array(2);
+                        sess.out.int(t as i64);
+                        sess.out.int(ms as i64);
+                    }
+                }
+            }
+        }
+        "reset" => {
+            let events: Vec<String> = args[2..]
+                .iter()
+                .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
+                .collect();
+            let counts = broadcast(&sess.worker, move |w| {
+                let mut sh = w.shard.borrow_mut();
+                let logs = &mut sh.logs;
+                if events.is_empty() {
+                    let names: Vec<&'static str> = logs.latency.keys().copied().collect();
+                    logs.latency.clear();
+                    names
+                } else {
+                    let names: Vec<&'static str> = logs
+                        .latency
+                        .keys()
+                        .copied()
+                        .filter(|k| events.iter().any(|e| e == k))
+                        .collect();
+                    for n in &names {
+                        logs.latency.remove(n);
+                    }
+                    names
+                }
+            })
+            .await;
+            let mut names: Vec<&str> = counts.into_iter().flatten().collect();
+            names.sort();
+            names.dedup();
+            sess.out.int(names.len() as i64);
+        }
+        "help" => help(sess, LATENCY_HELP),
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+});

@@ -1,0 +1,216 @@
+//! Argument parsing shared by the command families, with Redis's error texts.
+
+use crate::types::value::parse_canonical_i64;
+
+pub const SYNTAX_ERR: &str = "ERR syntax error";
+pub const NOT_INT: &str = "ERR value is not an integer or out of range";
+pub const NOT_FLOAT: &str = "ERR value is not a valid float";
+pub const OVERFLOW: &str = "ERR increment or decrement would overflow";
+pub const NO_SUCH_KEY: &str = "ERR no such key";
+
+/// Parses an integer argument as Redis's `string2ll` does (strict: no spaces, no `+`).
+pub fn parse_i64(arg: &[u8]) -> Result<i64, &'static str> {
+    parse_canonical_i64(arg).ok_or(NOT_INT)
+}
+
+/// Like `parse_i64` but Redis also accepts leading zeros and "+"? It does not: strict.
+pub fn parse_u64(arg: &[u8]) -> Result<u64, &'static str> {
+    match parse_i64(arg) {
+        Ok(v) if v >= 0 => Ok(v as u64),
+        _ => Err(NOT_INT),
+    }
+}
+
+/// Parses a float as Redis's `string2d`/`strtold` based parsers do: no spaces, no empty
+/// string, `inf`/`-inf` accepted, NaN rejected.
+pub fn parse_f64(arg: &[u8]) -> Result<f64, &'static str> {
+    let s = std::str::from_utf8(arg).map_err(|_| NOT_FLOAT)?;
+    if s.is_empty() || s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace) {
+        return Err(NOT_FLOAT);
+    }
+    let lower = s.to_ascii_lowercase();
+    let v = match lower.as_str() {
+        "inf" | "+inf" | "infinity" | "+infinity" => f64::INFINITY,
+        "-inf" | "-infinity" => f64::NEG_INFINITY,
+        _ => {
+            // Rust accepts forms C does not ("1_0" no, but "infinity" variants handled
+            // above); reject words like "nan".
+            if lower.contains("nan") {
+                return Err(NOT_FLOAT);
+            }
+            lower.parse::<f64>().map_err(|_| NOT_FLOAT)?
+        }
+    };
+    if v.is_nan() {
+        return Err(NOT_FLOAT);
+    }
+    Ok(v)
+}
+
+pub fn eq_ci(arg: &[u8], word: &str) -> bool {
+    arg.eq_ignore_ascii_case(word.as_bytes())
+}
+
+/// Renders bytes for an error message the way Redis does: printable ASCII kept, the rest
+/// escaped, cut to `max` bytes.
+pub fn printable(b: &[u8], max: usize) -> String {
+    let mut s = String::new();
+    for &c in b.iter().take(max) {
+        match c {
+            b'\n' => s.push_str("\\n"),
+            b'\r' => s.push_str("\\r"),
+            b'\t' => s.push_str("\\t"),
+            b'\\' => s.push_str("\\\\"),
+            b'"' => s.push_str("\\\""),
+            0x20..=0x7e => s.push(c as char),
+            _ => s.push_str(&format!("\\x{:02x}", c)),
+        }
+    }
+    s
+}
+
+/// Redis's `stringmatchlen`: glob matching with `*`, `?`, `[...]` (with `^` and ranges)
+/// and `\` escapes, optionally case-insensitive.
+pub fn glob_match(pattern: &[u8], text: &[u8], nocase: bool) -> bool {
+    glob_inner(pattern, text, nocase, 0)
+}
+
+fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> bool {
+    // Bound recursion on hostile patterns (many stars), as Redis does.
+    if depth > 1000 {
+        return false;
+    }
+    let fold = |c: u8| if nocase { c.to_ascii_lowercase() } else { c };
+    while !p.is_empty() {
+        match p[0] {
+            b'*' => {
+                while p.len() > 1 && p[1] == b'*' {
+                    p = &p[1..];
+                }
+                if p.len() == 1 {
+                    return true;
+                }
+                for i in 0..=s.len() {
+                    if glob_inner(&p[1..], &s[i..], nocase, depth + 1) {
+                        return true;
+                    }
+                }
+                return false;
+            }
+            b'?' => {
+                if s.is_empty() {
+                    return false;
+                }
+                s = &s[1..];
+            }
+            b'[' => {
+                if s.is_empty() {
+                    return false;
+                }
+                p = &p[1..];
+                let not = !p.is_empty() && p[0] == b'^';
+                if not {
+                    p = &p[1..];
+                }
+                let mut matched = false;
+                loop {
+                    if p.is_empty() {
+                        break;
+                    }
+                    if p[0] == b'\\' && p.len() >= 2 {
+                        p = &p[1..];
+                        if p[0] == s[0] {
+                            matched = true;
+                        }
+                    } else if p[0] == b']' {
+                        break;
+                    } else if p.len() >= 3 && p[1] == b'-' {
+                        let (mut start, mut end) = (p[0], p[2]);
+                        if start > end {
+                            std::mem::swap(&mut start, &mut end);
+                        }
+                        let c = s[0];
+                        let (start, end, c) = if nocase {
+                            (
+                                start.to_ascii_lowercase(),
+                                end.to_ascii_lowercase(),
+                                c.to_ascii_lowercase(),
+                            )
+                        } else {
+                            (start, end, c)
+                        };
+                        p = &p[2..];
+                        if c >= start && c <= end {
+                            matched = true;
+                        }
+                    } else if fold(p[0]) == fold(s[0]) {
+                        matched = true;
+                    }
+                    p = &p[1..];
+                }
+                if not {
+                    matched = !matched;
+                }
+                if !matched {
+                    return false;
+                }
+                s = &s[1..];
+                if p.is_empty() {
+                    // Unterminated class: Redis treats the end of the pattern as its end.
+                    return s.is_empty();
+                }
+            }
+            b'\\' if p.len() >= 2 => {
+                p = &p[1..];
+                if s.is_empty() || fold(p[0]) != fold(s[0]) {
+                    return false;
+                }
+                s = &s[1..];
+            }
+            c => {
+                if s.is_empty() || fold(c) != fold(s[0]) {
+                    return false;
+                }
+                s = &s[1..];
+            }
+        }
+        p = &p[1..];
+        if s.is_empty() {
+            while !p.is_empty() && p[0] == b'*' {
+                p = &p[1..];
+            }
+            break;
+        }
+    }
+    p.is_empty() && s.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match(b"*", b"anything", false));
+        assert!(glob_match(b"h?llo", b"hello", false));
+        assert!(glob_match(b"h[ae]llo", b"hallo", false));
+        assert!(!glob_match(b"h[^e]llo", b"hello", false));
+        assert!(glob_match(b"h[a-b]llo", b"hbllo", false));
+        assert!(glob_match(b"user:*:name", b"user:42:name", false));
+        assert!(!glob_match(b"user:*:name", b"user:42:age", false));
+        assert!(glob_match(b"a\\*b", b"a*b", false));
+        assert!(glob_match(b"HELLO", b"hello", true));
+        assert!(!glob_match(b"a", b"", false));
+        assert!(glob_match(b"", b"", false));
+    }
+
+    #[test]
+    fn floats() {
+        assert_eq!(parse_f64(b"1.5"), Ok(1.5));
+        assert_eq!(parse_f64(b"-inf"), Ok(f64::NEG_INFINITY));
+        assert!(parse_f64(b"nan").is_err());
+        assert!(parse_f64(b" 1").is_err());
+        assert!(parse_f64(b"").is_err());
+        assert!(parse_f64(b"1e5").is_ok());
+    }
+}

@@ -1,0 +1,672 @@
+//! Configuration: every parameter Kite knows, from the command line, a redis.conf-style
+//! file, or CONFIG SET; and the few read on hot paths, mirrored into atomics.
+//!
+//! Redis parameters Kite does not act on (yet) are accepted and reported so existing
+//! configuration files and test suites keep working; `used: false` marks them.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Int(i64, i64),
+    /// A byte count that accepts units (`100mb`, `1gb`).
+    Memory,
+    Bool,
+    Enum(&'static [&'static str]),
+    Text,
+}
+
+pub struct Param {
+    pub name: &'static str,
+    pub alias: Option<&'static str>,
+    pub kind: Kind,
+    pub default: &'static str,
+    pub mutable: bool,
+    /// False when Kite only stores the value (Redis settings without effect here).
+    pub used: bool,
+}
+
+const fn p(
+    name: &'static str,
+    kind: Kind,
+    default: &'static str,
+    mutable: bool,
+    used: bool,
+) -> Param {
+    Param {
+        name,
+        alias: None,
+        kind,
+        default,
+        mutable,
+        used,
+    }
+}
+
+const I64MAX: i64 = i64::MAX;
+const YESNO: Kind = Kind::Bool;
+const POLICIES: &[&str] = &[
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "noeviction",
+];
+
+pub static PARAMS: &[Param] = &[
+    // What Kite acts on.
+    p("port", Kind::Int(0, 65535), "6379", false, true),
+    p("bind", Kind::Text, "127.0.0.1", false, true),
+    Param {
+        alias: Some("proactor_threads"),
+        ..p("threads", Kind::Int(0, 1024), "0", false, true)
+    },
+    p("requirepass", Kind::Text, "", true, true),
+    p("databases", Kind::Int(1, 1 << 20), "16", false, true),
+    p("maxclients", Kind::Int(1, I64MAX), "10000", true, true),
+    p("timeout", Kind::Int(0, I64MAX), "0", true, true),
+    p("shard-round-robin-prefix", Kind::Text, "", false, true),
+    p("migrate-connections", YESNO, "yes", true, true),
+    p(
+        "loglevel",
+        Kind::Enum(&["debug", "verbose", "notice", "warning", "nothing"]),
+        "notice",
+        true,
+        true,
+    ),
+    p("logfile", Kind::Text, "", false, true),
+    p("proto-max-bulk-len", Kind::Memory, "536870912", true, true),
+    p("maxmemory", Kind::Memory, "0", true, true),
+    p(
+        "maxmemory-policy",
+        Kind::Enum(POLICIES),
+        "noeviction",
+        true,
+        true,
+    ),
+    p(
+        "slowlog-log-slower-than",
+        Kind::Int(-1, I64MAX),
+        "10000",
+        true,
+        true,
+    ),
+    p("slowlog-max-len", Kind::Int(0, I64MAX), "128", true, true),
+    p(
+        "latency-monitor-threshold",
+        Kind::Int(0, I64MAX),
+        "0",
+        true,
+        true,
+    ),
+    p("hz", Kind::Int(1, 500), "10", true, true),
+    // Accepted and reported; no effect in Kite (yet).
+    p("save", Kind::Text, "", true, false),
+    p("appendonly", YESNO, "no", true, false),
+    p(
+        "appendfsync",
+        Kind::Enum(&["always", "everysec", "no"]),
+        "everysec",
+        true,
+        false,
+    ),
+    p("appendfilename", Kind::Text, "appendonly.aof", false, false),
+    p("appenddirname", Kind::Text, "appendonlydir", false, false),
+    p("dir", Kind::Text, ".", true, false),
+    p("dbfilename", Kind::Text, "dump.rdb", true, false),
+    p("daemonize", YESNO, "no", false, false),
+    p("protected-mode", YESNO, "yes", true, false),
+    p("tcp-backlog", Kind::Int(0, I64MAX), "511", false, false),
+    p("tcp-keepalive", Kind::Int(0, I64MAX), "300", true, false),
+    p("unixsocket", Kind::Text, "", false, false),
+    p("unixsocketperm", Kind::Int(0, 0o777), "0", false, false),
+    p(
+        "supervised",
+        Kind::Enum(&["upstart", "systemd", "auto", "no"]),
+        "no",
+        false,
+        false,
+    ),
+    p("pidfile", Kind::Text, "", false, false),
+    p("always-show-logo", YESNO, "no", false, false),
+    p("set-proc-title", YESNO, "yes", false, false),
+    p("stop-writes-on-bgsave-error", YESNO, "yes", true, false),
+    p("rdbcompression", YESNO, "yes", true, false),
+    p("rdbchecksum", YESNO, "yes", false, false),
+    p("rdb-del-sync-files", YESNO, "no", true, false),
+    p("replica-serve-stale-data", YESNO, "yes", true, false),
+    p("replica-read-only", YESNO, "yes", true, false),
+    p("repl-diskless-sync", YESNO, "yes", true, false),
+    p(
+        "repl-diskless-sync-delay",
+        Kind::Int(0, I64MAX),
+        "5",
+        true,
+        false,
+    ),
+    p("repl-backlog-size", Kind::Memory, "1048576", true, false),
+    p("lazyfree-lazy-eviction", YESNO, "no", true, false),
+    p("lazyfree-lazy-expire", YESNO, "no", true, false),
+    p("lazyfree-lazy-server-del", YESNO, "no", true, false),
+    p("lazyfree-lazy-user-del", YESNO, "no", true, false),
+    p("lazyfree-lazy-user-flush", YESNO, "no", true, false),
+    p(
+        "hash-max-listpack-entries",
+        Kind::Int(0, I64MAX),
+        "128",
+        true,
+        false,
+    ),
+    p(
+        "hash-max-listpack-value",
+        Kind::Int(0, I64MAX),
+        "64",
+        true,
+        false,
+    ),
+    p(
+        "hash-max-ziplist-entries",
+        Kind::Int(0, I64MAX),
+        "128",
+        true,
+        false,
+    ),
+    p(
+        "hash-max-ziplist-value",
+        Kind::Int(0, I64MAX),
+        "64",
+        true,
+        false,
+    ),
+    p(
+        "list-max-listpack-size",
+        Kind::Int(i64::MIN, I64MAX),
+        "-2",
+        true,
+        false,
+    ),
+    p(
+        "list-max-ziplist-size",
+        Kind::Int(i64::MIN, I64MAX),
+        "-2",
+        true,
+        false,
+    ),
+    p(
+        "list-compress-depth",
+        Kind::Int(0, I64MAX),
+        "0",
+        true,
+        false,
+    ),
+    p(
+        "set-max-intset-entries",
+        Kind::Int(0, I64MAX),
+        "512",
+        true,
+        false,
+    ),
+    p(
+        "set-max-listpack-entries",
+        Kind::Int(0, I64MAX),
+        "128",
+        true,
+        false,
+    ),
+    p(
+        "set-max-listpack-value",
+        Kind::Int(0, I64MAX),
+        "64",
+        true,
+        false,
+    ),
+    p(
+        "zset-max-listpack-entries",
+        Kind::Int(0, I64MAX),
+        "128",
+        true,
+        false,
+    ),
+    p(
+        "zset-max-listpack-value",
+        Kind::Int(0, I64MAX),
+        "64",
+        true,
+        false,
+    ),
+    p(
+        "zset-max-ziplist-entries",
+        Kind::Int(0, I64MAX),
+        "128",
+        true,
+        false,
+    ),
+    p(
+        "zset-max-ziplist-value",
+        Kind::Int(0, I64MAX),
+        "64",
+        true,
+        false,
+    ),
+    p("hll-sparse-max-bytes", Kind::Memory, "3000", true, false),
+    p("stream-node-max-bytes", Kind::Memory, "4096", true, false),
+    p(
+        "stream-node-max-entries",
+        Kind::Int(0, I64MAX),
+        "100",
+        true,
+        false,
+    ),
+    p("activerehashing", YESNO, "yes", true, false),
+    p("activedefrag", YESNO, "no", true, false),
+    p("dynamic-hz", YESNO, "yes", true, false),
+    p(
+        "client-output-buffer-limit",
+        Kind::Text,
+        "normal 0 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60",
+        true,
+        false,
+    ),
+    p(
+        "client-query-buffer-limit",
+        Kind::Memory,
+        "1073741824",
+        true,
+        false,
+    ),
+    p("aof-use-rdb-preamble", YESNO, "yes", true, false),
+    p("aof-rewrite-incremental-fsync", YESNO, "yes", true, false),
+    p(
+        "auto-aof-rewrite-percentage",
+        Kind::Int(0, I64MAX),
+        "100",
+        true,
+        false,
+    ),
+    p(
+        "auto-aof-rewrite-min-size",
+        Kind::Memory,
+        "67108864",
+        true,
+        false,
+    ),
+    p("no-appendfsync-on-rewrite", YESNO, "no", true, false),
+    p("lua-time-limit", Kind::Int(0, I64MAX), "5000", true, false),
+    p(
+        "busy-reply-threshold",
+        Kind::Int(0, I64MAX),
+        "5000",
+        true,
+        false,
+    ),
+    p("cluster-enabled", YESNO, "no", false, false),
+    p("io-threads", Kind::Int(1, 128), "1", false, false),
+    p("io-threads-do-reads", YESNO, "no", false, false),
+    p("maxmemory-samples", Kind::Int(1, 64), "5", true, false),
+    p("maxmemory-clients", Kind::Memory, "0", true, false),
+    p("lfu-log-factor", Kind::Int(0, I64MAX), "10", true, false),
+    p("lfu-decay-time", Kind::Int(0, I64MAX), "1", true, false),
+    p("notify-keyspace-events", Kind::Text, "", true, false),
+    p(
+        "enable-debug-command",
+        Kind::Enum(&["yes", "no", "local"]),
+        "local",
+        false,
+        false,
+    ),
+    p(
+        "enable-protected-configs",
+        Kind::Enum(&["yes", "no", "local"]),
+        "no",
+        false,
+        false,
+    ),
+    p(
+        "enable-module-command",
+        Kind::Enum(&["yes", "no", "local"]),
+        "no",
+        false,
+        false,
+    ),
+    p("latency-tracking", YESNO, "yes", true, false),
+    p("syslog-enabled", YESNO, "no", false, false),
+    p("jemalloc-bg-thread", YESNO, "yes", true, false),
+    p("crash-log-enabled", YESNO, "yes", true, false),
+    p(
+        "activedefrag-ignore-bytes",
+        Kind::Memory,
+        "104857600",
+        true,
+        false,
+    ),
+    p("active-expire-effort", Kind::Int(1, 10), "1", true, false),
+];
+
+pub fn find_param(name: &str) -> Option<usize> {
+    let lower = name.to_ascii_lowercase();
+    PARAMS
+        .iter()
+        .position(|p| p.name == lower || p.alias == Some(lower.as_str()))
+}
+
+/// Parses a byte count with Redis's units: b, k, kb, m, mb, g, gb (k = 1000, kb = 1024).
+pub fn parse_memory(s: &str) -> Option<u64> {
+    let lower = s.to_ascii_lowercase();
+    let split = lower
+        .find(|c: char| !c.is_ascii_digit() && c != '-')
+        .unwrap_or(lower.len());
+    let (num, unit) = lower.split_at(split);
+    let n: i64 = num.parse().ok()?;
+    if n < 0 {
+        return None;
+    }
+    let mul: u64 = match unit {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" => 1024,
+        "m" => 1000 * 1000,
+        "mb" => 1024 * 1024,
+        "g" => 1000 * 1000 * 1000,
+        "gb" => 1024 * 1024 * 1024,
+        _ => return None,
+    };
+    (n as u64).checked_mul(mul)
+}
+
+/// Normalises a value for storage, or says why it is not acceptable.
+fn validate(param: &Param, value: &str) -> Result<String, String> {
+    match param.kind {
+        Kind::Int(min, max) => {
+            let v: i64 = value
+                .parse()
+                .map_err(|_| "argument couldn't be parsed into an integer".to_string())?;
+            if v < min || v > max {
+                return Err(format!(
+                    "argument must be between {} and {} inclusive",
+                    min, max
+                ));
+            }
+            Ok(v.to_string())
+        }
+        Kind::Memory => parse_memory(value)
+            .map(|v| v.to_string())
+            .ok_or_else(|| "argument must be a memory value".to_string()),
+        Kind::Bool => match value.to_ascii_lowercase().as_str() {
+            "yes" | "true" | "on" | "1" => Ok("yes".into()),
+            "no" | "false" | "off" | "0" => Ok("no".into()),
+            _ => Err("argument must be 'yes' or 'no'".into()),
+        },
+        Kind::Enum(options) => {
+            let lower = value.to_ascii_lowercase();
+            if options.contains(&lower.as_str()) {
+                Ok(lower)
+            } else {
+                Err(format!(
+                    "argument(s) must be one of the following: {}",
+                    options.join(", ")
+                ))
+            }
+        }
+        Kind::Text => Ok(value.to_string()),
+    }
+}
+
+#[derive(Clone)]
+pub struct Config {
+    values: Vec<String>,
+    pub file: Option<std::path::PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            values: PARAMS.iter().map(|p| p.default.to_string()).collect(),
+            file: None,
+        }
+    }
+}
+
+impl Config {
+    pub fn get(&self, name: &str) -> &str {
+        let i = find_param(name).unwrap_or_else(|| panic!("unknown parameter {name}"));
+        &self.values[i]
+    }
+
+    pub fn get_i64(&self, name: &str) -> i64 {
+        self.get(name).parse().unwrap_or(0)
+    }
+
+    pub fn get_bool(&self, name: &str) -> bool {
+        self.get(name) == "yes"
+    }
+
+    pub fn requirepass(&self) -> &str {
+        self.get("requirepass")
+    }
+
+    /// Sets a parameter at start-up (file or flags): immutability does not apply.
+    pub fn set_initial(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let i = find_param(name)
+            .ok_or_else(|| format!("Bad directive or wrong number of arguments: '{}'", name))?;
+        self.values[i] = validate(&PARAMS[i], value)?;
+        Ok(())
+    }
+
+    /// CONFIG SET of several pairs: all or nothing, with Redis's error texts.
+    pub fn set_many(&mut self, pairs: &[(String, String)]) -> Result<(), String> {
+        let mut staged = self.values.clone();
+        for (name, value) in pairs {
+            let Some(i) = find_param(name) else {
+                return Err(format!(
+                    "ERR Unknown option or number of arguments for CONFIG SET - '{}'",
+                    name
+                ));
+            };
+            let param = &PARAMS[i];
+            if !param.mutable {
+                return Err(format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{}') - can't set immutable config",
+                    name
+                ));
+            }
+            staged[i] = validate(param, value).map_err(|why| {
+                format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{}') - {}",
+                    name, why
+                )
+            })?;
+        }
+        self.values = staged;
+        Ok(())
+    }
+
+    /// Pairs of (name, value) whose names match any of the glob patterns.
+    pub fn matching(&self, patterns: &[Vec<u8>]) -> Vec<(&'static str, String)> {
+        let mut out: Vec<(&'static str, String)> = Vec::new();
+        for (i, p) in PARAMS.iter().enumerate() {
+            let names = std::iter::once(p.name).chain(p.alias);
+            for name in names {
+                if patterns
+                    .iter()
+                    .any(|pat| crate::commands::util::glob_match(pat, name.as_bytes(), true))
+                    && !out.iter().any(|(n, _)| *n == name)
+                {
+                    out.push((name, self.values[i].clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads a redis.conf-style file: `name value...` lines, `#` comments.
+    pub fn load_file(&mut self, path: &std::path::Path) -> Result<(), String> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "Fatal error, can't open config file '{}': {}",
+                path.display(),
+                e
+            )
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let words = split_config_line(line).ok_or_else(|| {
+                format!("line {}: unbalanced quotes in configuration line", n + 1)
+            })?;
+            let Some((name, rest)) = words.split_first() else {
+                continue;
+            };
+            let value = rest.join(" ");
+            self.set_initial(name, &value).map_err(|e| {
+                format!(
+                    "*** FATAL CONFIG FILE ERROR *** line {}: {}: {}",
+                    n + 1,
+                    line,
+                    e
+                )
+            })?;
+        }
+        self.file = Some(path.to_path_buf());
+        Ok(())
+    }
+}
+
+/// Splits a configuration line into words, honouring double and single quotes.
+fn split_config_line(line: &str) -> Option<Vec<String>> {
+    let mut words = Vec::new();
+    let mut chars = line.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let Some(&first) = chars.peek() else {
+            return Some(words);
+        };
+        let mut word = String::new();
+        if first == '"' || first == '\'' {
+            chars.next();
+            loop {
+                match chars.next() {
+                    None => return None,
+                    Some(c) if c == first => break,
+                    Some('\\') if first == '"' => match chars.next() {
+                        Some('n') => word.push('\n'),
+                        Some('t') => word.push('\t'),
+                        Some(c) => word.push(c),
+                        None => return None,
+                    },
+                    Some(c) => word.push(c),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                word.push(c);
+                chars.next();
+            }
+        }
+        words.push(word);
+    }
+}
+
+/// Settings read on hot paths, kept in atomics so no thread takes a lock to read them.
+pub struct Tunables {
+    pub databases: usize,
+    pub maxclients: AtomicUsize,
+    pub timeout_secs: AtomicU64,
+    pub proto_max_bulk_len: AtomicUsize,
+    pub maxmemory: AtomicU64,
+    pub migrate_connections: AtomicBool,
+    pub slowlog_slower_than: AtomicI64,
+    pub slowlog_max_len: AtomicUsize,
+    pub latency_threshold_ms: AtomicU64,
+    pub requirepass_set: AtomicBool,
+}
+
+impl Tunables {
+    pub fn new(c: &Config) -> Tunables {
+        let t = Tunables {
+            databases: c.get_i64("databases") as usize,
+            maxclients: AtomicUsize::new(0),
+            timeout_secs: AtomicU64::new(0),
+            proto_max_bulk_len: AtomicUsize::new(0),
+            maxmemory: AtomicU64::new(0),
+            migrate_connections: AtomicBool::new(true),
+            slowlog_slower_than: AtomicI64::new(0),
+            slowlog_max_len: AtomicUsize::new(0),
+            latency_threshold_ms: AtomicU64::new(0),
+            requirepass_set: AtomicBool::new(false),
+        };
+        t.refresh(c);
+        t
+    }
+
+    /// Copies the current configuration into the atomics (after CONFIG SET).
+    pub fn refresh(&self, c: &Config) {
+        let r = Ordering::Relaxed;
+        self.maxclients.store(c.get_i64("maxclients") as usize, r);
+        self.timeout_secs.store(c.get_i64("timeout") as u64, r);
+        self.proto_max_bulk_len
+            .store(c.get_i64("proto-max-bulk-len") as usize, r);
+        self.maxmemory.store(c.get_i64("maxmemory") as u64, r);
+        self.migrate_connections
+            .store(c.get_bool("migrate-connections"), r);
+        self.slowlog_slower_than
+            .store(c.get_i64("slowlog-log-slower-than"), r);
+        self.slowlog_max_len
+            .store(c.get_i64("slowlog-max-len") as usize, r);
+        self.latency_threshold_ms
+            .store(c.get_i64("latency-monitor-threshold") as u64, r);
+        self.requirepass_set.store(!c.requirepass().is_empty(), r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_units() {
+        assert_eq!(parse_memory("100"), Some(100));
+        assert_eq!(parse_memory("1kb"), Some(1024));
+        assert_eq!(parse_memory("1k"), Some(1000));
+        assert_eq!(parse_memory("2GB"), Some(2 * 1024 * 1024 * 1024));
+        assert_eq!(parse_memory("x"), None);
+    }
+
+    #[test]
+    fn set_many_is_all_or_nothing() {
+        let mut c = Config::default();
+        let err = c
+            .set_many(&[
+                ("maxclients".into(), "50".into()),
+                ("timeout".into(), "abc".into()),
+            ])
+            .unwrap_err();
+        assert!(err.contains("timeout"), "{err}");
+        assert_eq!(c.get("maxclients"), "10000");
+        c.set_many(&[("maxmemory".into(), "1mb".into())]).unwrap();
+        assert_eq!(c.get("maxmemory"), "1048576");
+        assert!(c.set_many(&[("databases".into(), "3".into())]).is_err());
+        assert!(c.set_many(&[("nosuch".into(), "3".into())]).is_err());
+    }
+
+    #[test]
+    fn glob_get_and_config_lines() {
+        let c = Config::default();
+        let m = c.matching(&[b"max*".to_vec()]);
+        assert!(m.iter().any(|(n, _)| *n == "maxmemory"));
+        assert_eq!(
+            split_config_line("save \"\"").unwrap(),
+            vec!["save".to_string(), "".to_string()]
+        );
+        assert_eq!(split_config_line("bind 127.0.0.1 ::1").unwrap().len(), 3);
+    }
+}

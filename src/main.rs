@@ -1,0 +1,222 @@
+//! Kite: a multi-threaded Redis-protocol server for background-job workloads.
+
+mod commands;
+mod config;
+mod memory;
+mod protocol;
+mod server;
+mod shard;
+mod types;
+
+use std::net::{TcpListener, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use clap::Parser;
+
+use config::{Config, Tunables};
+use shard::placement::Placement;
+use shard::Shared;
+
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Kite — a Redis-compatible server that uses every core.
+///
+/// Settings come from an optional redis.conf-style file (first argument), then from the
+/// flags below, which win. Any Redis parameter can also be changed at run time with
+/// CONFIG SET.
+#[derive(Parser, Debug)]
+#[command(name = "kite", version, about, long_about = None)]
+struct Cli {
+    /// A redis.conf-style configuration file (`port 7000`, one setting per line).
+    config_file: Option<PathBuf>,
+    /// TCP port to listen on [default: 6379].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Addresses to listen on, separated by spaces [default: 127.0.0.1].
+    #[arg(long)]
+    bind: Option<String>,
+    /// Worker threads, each owning one shard of the keyspace [default: number of CPUs].
+    #[arg(long, alias = "proactor_threads")]
+    threads: Option<usize>,
+    /// Password clients must give with AUTH or HELLO.
+    #[arg(long)]
+    requirepass: Option<String>,
+    /// Number of databases [default: 16].
+    #[arg(long)]
+    databases: Option<usize>,
+    /// Maximum simultaneous clients [default: 10000].
+    #[arg(long)]
+    maxclients: Option<u64>,
+    /// Close a client after this many idle seconds; 0 never [default: 0].
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// Hashtags starting with this prefix go to shards in round-robin order of first use.
+    #[arg(long)]
+    shard_round_robin_prefix: Option<String>,
+    /// Move a connection to the thread owning the keys it keeps using: yes or no [default: yes].
+    #[arg(long, num_args = 0..=1, default_missing_value = "yes")]
+    migrate_connections: Option<String>,
+    /// Log level: debug, verbose, notice, warning, nothing [default: notice].
+    #[arg(long)]
+    loglevel: Option<String>,
+    /// Log to this file instead of standard output.
+    #[arg(long)]
+    logfile: Option<String>,
+    /// Refuse writes once allocated memory passes this many bytes (units: kb, mb, gb); 0 is no limit.
+    #[arg(long)]
+    maxmemory: Option<String>,
+    /// Largest bulk string a client may send [default: 512mb].
+    #[arg(long)]
+    proto_max_bulk_len: Option<String>,
+}
+
+fn build_config(cli: &Cli) -> Result<Config, String> {
+    let mut c = Config::default();
+    if let Some(path) = &cli.config_file {
+        c.load_file(path)?;
+    }
+    let mut set = |name: &str, value: Option<String>| -> Result<(), String> {
+        match value {
+            Some(v) => c
+                .set_initial(name, &v)
+                .map_err(|e| format!("--{name}: {e}")),
+            None => Ok(()),
+        }
+    };
+    set("port", cli.port.map(|v| v.to_string()))?;
+    set("bind", cli.bind.clone())?;
+    set("threads", cli.threads.map(|v| v.to_string()))?;
+    set("requirepass", cli.requirepass.clone())?;
+    set("databases", cli.databases.map(|v| v.to_string()))?;
+    set("maxclients", cli.maxclients.map(|v| v.to_string()))?;
+    set("timeout", cli.timeout.map(|v| v.to_string()))?;
+    set(
+        "shard-round-robin-prefix",
+        cli.shard_round_robin_prefix.clone(),
+    )?;
+    set("migrate-connections", cli.migrate_connections.clone())?;
+    set("loglevel", cli.loglevel.clone())?;
+    set("logfile", cli.logfile.clone())?;
+    set("maxmemory", cli.maxmemory.clone())?;
+    set("proto-max-bulk-len", cli.proto_max_bulk_len.clone())?;
+    Ok(c)
+}
+
+fn init_logging(config: &Config) {
+    let level = match config.get("loglevel") {
+        "debug" => tracing::Level::DEBUG,
+        "verbose" => tracing::Level::INFO,
+        "warning" => tracing::Level::WARN,
+        "nothing" => tracing::Level::ERROR,
+        _ => tracing::Level::INFO,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_target(false);
+    let logfile = config.get("logfile");
+    if logfile.is_empty() {
+        builder.init();
+    } else {
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logfile)
+        {
+            Ok(f) => builder.with_writer(Mutex::new(f)).with_ansi(false).init(),
+            Err(e) => {
+                eprintln!("Can't open the log file {logfile}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+fn run_id() -> String {
+    let seed = shard::unix_us() ^ ((std::process::id() as u64) << 32);
+    let mut x = seed | 1;
+    (0..40)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from_digit((x % 16) as u32, 16).expect("hex digit")
+        })
+        .collect()
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let config = match build_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    init_logging(&config);
+    let mut threads = config.get_i64("threads") as usize;
+    if threads == 0 {
+        threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    }
+    let port = config.get_i64("port") as u16;
+    let mut listeners = Vec::new();
+    for addr in config.get("bind").split_whitespace() {
+        let addr = addr.trim_start_matches('-');
+        let target = if addr.contains(':') {
+            format!("[{addr}]:{port}")
+        } else {
+            format!("{addr}:{port}")
+        };
+        let resolved = match target.to_socket_addrs() {
+            Ok(mut a) => a.next(),
+            Err(_) => None,
+        };
+        let Some(sockaddr) = resolved else {
+            eprintln!("Invalid bind address '{addr}'");
+            std::process::exit(1);
+        };
+        match TcpListener::bind(sockaddr) {
+            Ok(l) => listeners.push(l),
+            Err(e) => {
+                eprintln!("Could not create server TCP listening socket {target}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    let rr_prefix = Some(config.get("shard-round-robin-prefix").as_bytes().to_vec());
+    let tunables = Tunables::new(&config);
+    let shared = Arc::new(Shared {
+        placement: Placement::new(threads, rr_prefix),
+        mailboxes: OnceLock::new(),
+        tunables,
+        config: Mutex::new(config),
+        next_client_id: AtomicU64::new(1),
+        next_tx_id: AtomicU64::new(1),
+        connected_clients: AtomicUsize::new(0),
+        monitors: AtomicUsize::new(0),
+        started: Instant::now(),
+        started_unix_ms: shard::unix_ms(),
+        shutting_down: AtomicBool::new(false),
+        used_memory: AtomicUsize::new(0),
+        peak_memory: AtomicUsize::new(0),
+        lastsave_unix: AtomicU64::new(shard::unix_ms() / 1000),
+        active_expire: AtomicBool::new(true),
+        run_id: run_id(),
+        next_slowlog_id: AtomicU64::new(0),
+    });
+    memory::refresh(&shared);
+    tracing::info!(
+        "Kite {} ready: {} threads, port {}",
+        env!("CARGO_PKG_VERSION"),
+        threads,
+        port
+    );
+    if let Err(e) = server::run(shared, listeners) {
+        eprintln!("failed to start worker threads: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,152 @@
+//! The clients connected to one thread: what CLIENT LIST/INFO/KILL and INFO read.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::Instant;
+
+use hashbrown::HashMap;
+use tokio::sync::Notify;
+
+use crate::shard::unix_ms;
+
+/// What is known about a client, printed by CLIENT LIST/INFO. Plain data, so it can move
+/// with its connection to another thread.
+#[derive(Clone, Debug)]
+pub struct ClientInfo {
+    pub id: u64,
+    pub addr: String,
+    pub laddr: String,
+    pub fd: i32,
+    pub name: Vec<u8>,
+    pub lib_name: Vec<u8>,
+    pub lib_ver: Vec<u8>,
+    pub created_unix_ms: u64,
+    pub last_interaction_unix_ms: u64,
+    pub db: usize,
+    pub resp: u8,
+    pub multi: i64,
+    pub watch: usize,
+    pub last_cmd: &'static str,
+    pub no_evict: bool,
+    pub no_touch: bool,
+    pub monitor: bool,
+    pub user: &'static str,
+}
+
+impl ClientInfo {
+    pub fn new(id: u64, addr: String, laddr: String, fd: i32) -> ClientInfo {
+        let now = unix_ms();
+        ClientInfo {
+            id,
+            addr,
+            laddr,
+            fd,
+            name: Vec::new(),
+            lib_name: Vec::new(),
+            lib_ver: Vec::new(),
+            created_unix_ms: now,
+            last_interaction_unix_ms: now,
+            db: 0,
+            resp: 2,
+            multi: -1,
+            watch: 0,
+            last_cmd: "NULL",
+            no_evict: false,
+            no_touch: false,
+            monitor: false,
+            user: "default",
+        }
+    }
+
+    /// One line of CLIENT LIST, with Redis 7.2's fields in Redis's order.
+    pub fn line(&self, now_ms: u64) -> String {
+        let age = now_ms.saturating_sub(self.created_unix_ms) / 1000;
+        let idle = now_ms.saturating_sub(self.last_interaction_unix_ms) / 1000;
+        let mut flags = String::new();
+        if self.monitor {
+            flags.push('O');
+        }
+        if self.multi >= 0 {
+            flags.push('x');
+        }
+        if self.no_evict {
+            flags.push('e');
+        }
+        if self.no_touch {
+            flags.push('T');
+        }
+        if flags.is_empty() {
+            flags.push('N');
+        }
+        format!(
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi={} watch={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            self.id,
+            self.addr,
+            self.laddr,
+            self.fd,
+            String::from_utf8_lossy(&self.name),
+            age,
+            idle,
+            flags,
+            self.db,
+            self.multi,
+            self.watch,
+            self.last_cmd,
+            self.user,
+            self.resp,
+            String::from_utf8_lossy(&self.lib_name),
+            String::from_utf8_lossy(&self.lib_ver),
+        )
+    }
+}
+
+/// A live connection as its thread's registry sees it.
+pub struct ClientHandle {
+    pub info: RefCell<ClientInfo>,
+    /// Set by CLIENT KILL (or the idle timeout); the connection closes at its next chance.
+    pub killed: Cell<bool>,
+    pub wake: Notify,
+    pub last_active: Cell<Instant>,
+}
+
+impl ClientHandle {
+    pub fn new(info: ClientInfo) -> Rc<ClientHandle> {
+        Rc::new(ClientHandle {
+            info: RefCell::new(info),
+            killed: Cell::new(false),
+            wake: Notify::new(),
+            last_active: Cell::new(Instant::now()),
+        })
+    }
+
+    pub fn kill(&self) {
+        self.killed.set(true);
+        self.wake.notify_one();
+    }
+}
+
+/// CLIENT PAUSE state, kept by every thread (set by a broadcast).
+#[derive(Clone, Copy, Default)]
+pub struct Pause {
+    pub until_unix_ms: u64,
+    /// True for `WRITE` pauses, false for `ALL`.
+    pub writes_only: bool,
+}
+
+#[derive(Default)]
+pub struct Clients {
+    pub map: HashMap<u64, Rc<ClientHandle>>,
+    pub pause: Pause,
+    pub pause_notify: Rc<Notify>,
+}
+
+impl Clients {
+    pub fn add(&mut self, handle: Rc<ClientHandle>) {
+        let id = handle.info.borrow().id;
+        self.map.insert(id, handle);
+    }
+
+    pub fn remove(&mut self, id: u64) -> Option<Rc<ClientHandle>> {
+        self.map.remove(&id)
+    }
+}

@@ -1,0 +1,362 @@
+//! One client connection: read, parse, run (squashing pipelined runs bound for one other
+//! shard into one message), write; and migration to the thread its keys live on.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::commands::{self, flags, route, table, Command, Handler, Route};
+use crate::protocol::parse::{ParseLimits, RequestParser};
+use crate::protocol::reply::Reply;
+use crate::server::clients::{ClientHandle, ClientInfo};
+use crate::server::session::{ReplyMode, Session};
+use crate::shard::{run_batch_on, unix_ms, BatchSpec, Worker};
+
+/// Commands parsed from the input before they are run as a group.
+const MAX_GROUP: usize = 1024;
+/// Output is written out once it grows past this, even mid-pipeline.
+const FLUSH_AT: usize = 64 * 1024;
+/// Consecutive commands bound for one other shard before the connection moves there.
+const MIGRATE_AFTER: u32 = 8;
+
+/// A connection on its way to another thread.
+pub struct Moving {
+    stream: std::net::TcpStream,
+    rbuf: BytesMut,
+    parser: RequestParser,
+    info: ClientInfo,
+    db: usize,
+    resp3: bool,
+    authenticated: bool,
+    no_touch: bool,
+    reply_mode: ReplyMode,
+}
+
+enum Exit {
+    Closed,
+    Migrate(usize),
+}
+
+/// Accepts a new connection on this thread (or refuses it past `maxclients`).
+pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
+    let shared = &worker.shared;
+    let max = shared.tunables.maxclients.load(Ordering::Relaxed);
+    let n = shared.connected_clients.fetch_add(1, Ordering::AcqRel) + 1;
+    if n > max {
+        shared.connected_clients.fetch_sub(1, Ordering::AcqRel);
+        worker.shard.borrow_mut().stats.rejected_connections += 1;
+        let mut s = stream;
+        let _ = std::io::Write::write_all(&mut s, b"-ERR max number of clients reached\r\n");
+        return;
+    }
+    worker.shard.borrow_mut().stats.connections_received += 1;
+    let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+    let addr = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let laddr = stream
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    let moving = Moving {
+        stream,
+        rbuf: BytesMut::with_capacity(16 * 1024),
+        parser: RequestParser::default(),
+        info: ClientInfo::new(id, addr, laddr, fd),
+        db: 0,
+        resp3: false,
+        authenticated: !shared.tunables.requirepass_set.load(Ordering::Relaxed),
+        no_touch: false,
+        reply_mode: ReplyMode::On,
+    };
+    tokio::task::spawn_local(serve(worker.clone(), moving));
+}
+
+/// Takes in a connection that moved here from another thread.
+pub fn arrive(worker: &Rc<Worker>, moving: Moving) {
+    worker.shard.borrow_mut().stats.migrations += 1;
+    tokio::task::spawn_local(serve(worker.clone(), moving));
+}
+
+async fn serve(worker: Rc<Worker>, m: Moving) {
+    let Moving {
+        stream,
+        mut rbuf,
+        mut parser,
+        mut info,
+        db,
+        resp3,
+        authenticated,
+        no_touch,
+        reply_mode,
+    } = m;
+    let _ = stream.set_nonblocking(true);
+    let _ = stream.set_nodelay(true);
+    let Ok(mut stream) = TcpStream::from_std(stream) else {
+        worker
+            .shared
+            .connected_clients
+            .fetch_sub(1, Ordering::AcqRel);
+        return;
+    };
+    info.db = db;
+    let id = info.id;
+    let handle = ClientHandle::new(info);
+    worker.clients.borrow_mut().add(handle.clone());
+    let mut sess = Session {
+        worker: worker.clone(),
+        id,
+        db,
+        out: Reply::with_buf(BytesMut::with_capacity(16 * 1024), resp3),
+        authenticated,
+        no_touch,
+        multi: None,
+        watching: None,
+        in_exec: false,
+        reply_mode,
+        close_after_reply: false,
+        handle: handle.clone(),
+        affinity: (worker.id, 0),
+    };
+    let exit = conn_loop(&mut sess, &mut stream, &mut rbuf, &mut parser).await;
+    worker.clients.borrow_mut().remove(id);
+    match exit {
+        Exit::Migrate(target) if !handle.killed.get() => match stream.into_std() {
+            Ok(std_stream) => {
+                let info = handle.info.borrow().clone();
+                let moving = Moving {
+                    stream: std_stream,
+                    rbuf,
+                    parser,
+                    info,
+                    db: sess.db,
+                    resp3: sess.out.resp3,
+                    authenticated: sess.authenticated,
+                    no_touch: sess.no_touch,
+                    reply_mode: sess.reply_mode,
+                };
+                worker
+                    .shared
+                    .send(target, Box::new(move |w| arrive(w, moving)));
+            }
+            Err(_) => close(&mut sess),
+        },
+        _ => close(&mut sess),
+    }
+}
+
+fn close(sess: &mut Session) {
+    commands::transactions::unwatch_all(sess);
+    sess.worker
+        .shared
+        .connected_clients
+        .fetch_sub(1, Ordering::AcqRel);
+}
+
+async fn flush(sess: &mut Session, stream: &mut TcpStream) -> bool {
+    if sess.out.buf.is_empty() {
+        return true;
+    }
+    let n = sess.out.buf.len() as u64;
+    let ok = stream.write_all(&sess.out.buf).await.is_ok();
+    sess.out.buf.clear();
+    sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
+    ok
+}
+
+async fn conn_loop(
+    sess: &mut Session,
+    stream: &mut TcpStream,
+    rbuf: &mut BytesMut,
+    parser: &mut RequestParser,
+) -> Exit {
+    let limits = ParseLimits {
+        max_bulk_len: sess
+            .worker
+            .shared
+            .tunables
+            .proto_max_bulk_len
+            .load(Ordering::Relaxed),
+    };
+    loop {
+        let mut cmds = Vec::new();
+        let mut protocol_error = None;
+        while cmds.len() < MAX_GROUP {
+            match parser.next_command(rbuf, &limits) {
+                Ok(Some(args)) => cmds.push(args),
+                Ok(None) => break,
+                Err(e) => {
+                    protocol_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let full = cmds.len() == MAX_GROUP;
+        if !cmds.is_empty() {
+            sess.handle.last_active.set(std::time::Instant::now());
+            sess.handle.info.borrow_mut().last_interaction_unix_ms = unix_ms();
+            run_group(sess, cmds).await;
+        }
+        if let Some(e) = protocol_error {
+            sess.out.error(&e.0);
+            flush(sess, stream).await;
+            return Exit::Closed;
+        }
+        if sess.close_after_reply || sess.handle.killed.get() {
+            flush(sess, stream).await;
+            return Exit::Closed;
+        }
+        if sess.out.buf.len() >= FLUSH_AT && !flush(sess, stream).await {
+            return Exit::Closed;
+        }
+        if full {
+            continue;
+        }
+        if !flush(sess, stream).await {
+            return Exit::Closed;
+        }
+        if let Some(target) = migration_target(sess) {
+            return Exit::Migrate(target);
+        }
+        if rbuf.capacity() - rbuf.len() < 4096 {
+            rbuf.reserve(16 * 1024);
+        }
+        tokio::select! {
+            biased;
+            _ = sess.handle.wake.notified() => {
+                if sess.handle.killed.get() {
+                    return Exit::Closed;
+                }
+            }
+            r = stream.read_buf(rbuf) => match r {
+                Ok(0) | Err(_) => return Exit::Closed,
+                Ok(n) => sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64,
+            }
+        }
+    }
+}
+
+fn migration_target(sess: &Session) -> Option<usize> {
+    let (shard, count) = sess.affinity;
+    if shard == sess.worker.id
+        || count < MIGRATE_AFTER
+        || sess.multi.is_some()
+        || sess.watching.is_some()
+        || !sess
+            .worker
+            .shared
+            .tunables
+            .migrate_connections
+            .load(Ordering::Relaxed)
+    {
+        return None;
+    }
+    Some(shard)
+}
+
+/// If `args` is a plain keyed command whose keys all live on one other shard, and it may
+/// be batched with its neighbours, returns it and that shard.
+fn squash_target(sess: &Session, args: &[Bytes]) -> Option<(&'static Command, usize)> {
+    if sess.multi.is_some()
+        || sess.reply_mode != ReplyMode::On
+        || !sess.authenticated
+        || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
+    {
+        return None;
+    }
+    let cmd = table().lookup(&args[0])?;
+    if !cmd.arity_ok(args.len())
+        || cmd.has(flags::BLOCKING)
+        || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
+        || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
+    {
+        return None;
+    }
+    match route(sess, cmd, args) {
+        Route::Shard(s) if s != sess.worker.id => Some((cmd, s)),
+        _ => None,
+    }
+}
+
+fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
+    if sess.affinity.0 == shard {
+        sess.affinity.1 = sess.affinity.1.saturating_add(n);
+    } else {
+        sess.affinity = (shard, n);
+    }
+}
+
+/// Runs a group of parsed commands in order.
+async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
+    let mut iter = cmds.into_iter().peekable();
+    while let Some(args) = iter.next() {
+        if sess.handle.killed.get() {
+            return;
+        }
+        crate::commands::connection::wait_if_paused(sess, &args).await;
+        if let Some((cmd, target)) = squash_target(sess, &args) {
+            let mut batch = VecDeque::new();
+            sess.note_command(cmd);
+            batch.push_back((cmd, args));
+            while let Some(next) = iter.peek() {
+                match squash_target(sess, next) {
+                    Some((c, t)) if t == target => {
+                        sess.note_command(c);
+                        batch.push_back((c, iter.next().expect("peeked")));
+                    }
+                    _ => break,
+                }
+            }
+            let n = batch.len();
+            {
+                let mut shard = sess.worker.shard.borrow_mut();
+                shard.stats.one_hop += n as u64;
+                if n > 1 {
+                    shard.stats.squashed_batches += 1;
+                    shard.stats.squashed_commands += n as u64;
+                }
+            }
+            note_affinity(sess, target, n as u32);
+            let worker = sess.worker.clone();
+            let spec = BatchSpec {
+                db: sess.db,
+                resp3: sess.out.resp3,
+                client_id: sess.id,
+                no_touch: sess.no_touch,
+                atomic: None,
+            };
+            let reply = run_batch_on(&worker, target, batch, spec).await.out;
+            sess.out.buf.extend_from_slice(&reply.buf);
+            continue;
+        }
+        if let Some(cmd) = table().lookup(&args[0]) {
+            if cmd.exec_fn().is_some() && cmd.arity_ok(args.len()) && sess.multi.is_none() {
+                if let Route::Shard(s) = route(sess, cmd, &args) {
+                    note_affinity(sess, s, 1);
+                }
+            }
+        }
+        let mode = sess.reply_mode;
+        let mark = sess.out.buf.len();
+        commands::execute(sess, args).await;
+        match mode {
+            ReplyMode::Off => sess.out.buf.truncate(mark),
+            ReplyMode::Skipping => {
+                sess.out.buf.truncate(mark);
+                if sess.reply_mode == ReplyMode::Skipping {
+                    sess.reply_mode = ReplyMode::On;
+                }
+            }
+            _ => {}
+        }
+        if sess.reply_mode == ReplyMode::SkipNext {
+            sess.reply_mode = ReplyMode::Skipping;
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Listeners, connections and the per-thread event loops.
+
+pub mod clients;
+pub mod conn;
+pub mod logs;
+pub mod session;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::commands;
+use crate::shard::{unix_ms, Msg, Shard, Shared, Worker};
+
+/// Starts one worker thread per shard and serves `listeners` until the process exits.
+pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::io::Result<()> {
+    let n = shared.nshards();
+    let mut senders = Vec::with_capacity(n);
+    let mut receivers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel::<Msg>();
+        senders.push(tx);
+        receivers.push(rx);
+    }
+    if shared.mailboxes.set(senders).is_err() {
+        unreachable!("mailboxes are set once");
+    }
+    let mut listeners = Some(listeners);
+    let mut handles = Vec::with_capacity(n);
+    for (id, rx) in receivers.into_iter().enumerate() {
+        let shared = shared.clone();
+        let mine = if id == 0 { listeners.take() } else { None };
+        let handle = std::thread::Builder::new()
+            .name(format!("kite-shard-{id}"))
+            .spawn(move || worker_main(id, shared, rx, mine))?;
+        handles.push(handle);
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn worker_main(
+    id: usize,
+    shared: Arc<Shared>,
+    mut mailbox: mpsc::UnboundedReceiver<Msg>,
+    listeners: Option<Vec<std::net::TcpListener>>,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let local = tokio::task::LocalSet::new();
+    let databases = shared.tunables.databases;
+    let worker = Rc::new(Worker {
+        id,
+        shard: RefCell::new(Shard::new(
+            id,
+            databases,
+            commands::table().len(),
+            shared.clone(),
+        )),
+        shared,
+        clients: RefCell::new(Default::default()),
+    });
+    local.block_on(&runtime, async move {
+        if let Some(listeners) = listeners {
+            for l in listeners {
+                tokio::task::spawn_local(accept_loop(worker.clone(), l));
+            }
+        }
+        tokio::task::spawn_local(housekeeping(worker.clone()));
+        while let Some(msg) = mailbox.recv().await {
+            msg(&worker);
+        }
+    });
+}
+
+/// Accepts connections and hands them to the threads in turn.
+async fn accept_loop(worker: Rc<Worker>, listener: std::net::TcpListener) {
+    let _ = listener.set_nonblocking(true);
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+        tracing::error!("cannot register the listening socket");
+        return;
+    };
+    let n = worker.nshards();
+    let mut next = 0usize;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and similar: wait a little rather than spin.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        let target = next % n;
+        next = next.wrapping_add(1);
+        if target == worker.id {
+            conn::accept(&worker, stream);
+        } else {
+            worker
+                .shared
+                .send(target, Box::new(move |w| conn::accept(w, stream)));
+        }
+    }
+}
+
+/// Periodic work of each thread: active expiry, the ops/sec samples, idle-client timeouts
+/// and (on thread 0) the memory figures.
+async fn housekeeping(worker: Rc<Worker>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = unix_ms();
+        if worker.shared.active_expire.load(Ordering::Relaxed) {
+            active_expire(&worker, now);
+        }
+        worker.shard.borrow_mut().sample_ops(now);
+        close_idle_clients(&worker);
+        if worker.id == 0 {
+            crate::memory::refresh(&worker.shared);
+        }
+    }
+}
+
+/// Expires keys for up to a few milliseconds per tick, more while many are found.
+fn active_expire(worker: &Rc<Worker>, now: u64) {
+    let started = std::time::Instant::now();
+    let budget = Duration::from_millis(2);
+    loop {
+        let more = worker.shard.borrow_mut().active_expire(now, 16);
+        if !more || started.elapsed() > budget {
+            break;
+        }
+    }
+}
+
+fn close_idle_clients(worker: &Rc<Worker>) {
+    let timeout = worker.shared.tunables.timeout_secs.load(Ordering::Relaxed);
+    if timeout == 0 {
+        return;
+    }
+    let limit = Duration::from_secs(timeout);
+    let clients = worker.clients.borrow();
+    for h in clients.map.values() {
+        if h.last_active.get().elapsed() > limit && h.info.borrow().multi < 0 {
+            h.kill();
+        }
+    }
+}

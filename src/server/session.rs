@@ -1,0 +1,105 @@
+//! The state of one client connection, as command handlers see it.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::commands::transactions::{MultiState, WatchState};
+use crate::commands::Command;
+use crate::protocol::reply::Reply;
+use crate::server::clients::ClientHandle;
+use crate::shard::Worker;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ReplyMode {
+    On,
+    Off,
+    /// Skip the reply of the next command only.
+    SkipNext,
+    /// Skipping the reply of the current command.
+    Skipping,
+}
+
+pub struct Session {
+    pub worker: Rc<Worker>,
+    pub id: u64,
+    pub db: usize,
+    pub out: Reply,
+    pub authenticated: bool,
+    pub no_touch: bool,
+    pub multi: Option<MultiState>,
+    pub watching: Option<WatchState>,
+    /// Running the commands of EXEC, whose transaction already holds every lock needed.
+    pub in_exec: bool,
+    pub reply_mode: ReplyMode,
+    /// Close once the pending replies are written (QUIT, protocol errors).
+    pub close_after_reply: bool,
+    pub handle: Rc<ClientHandle>,
+    /// The shard the recent keyed commands went to, and how many in a row.
+    pub affinity: (usize, u32),
+}
+
+impl Session {
+    /// Replies an error for a command refused before it ran; inside MULTI it also makes
+    /// EXEC fail, as Redis does for errors found while queueing.
+    pub fn reject(&mut self, msg: &str) {
+        self.out.error(msg);
+        let mut shard = self.worker.shard.borrow_mut();
+        let start = self.out.buf.len() - msg.len() - 3;
+        shard.stats.record_error(&self.out.buf[start..]);
+        if let Some(m) = &mut self.multi {
+            m.aborted = true;
+        }
+    }
+
+    /// Replies an error produced while a command ran.
+    pub fn error(&mut self, msg: &str) {
+        self.out.error(msg);
+    }
+
+    pub fn count_rejected(&mut self, cmd: &Command) {
+        self.worker.shard.borrow_mut().stats.commands[cmd.id].rejected += 1;
+    }
+
+    pub fn note_command(&mut self, cmd: &'static Command) {
+        let mut info = self.handle.info.borrow_mut();
+        info.last_cmd = cmd.name;
+    }
+
+    pub fn over_maxmemory(&self) -> bool {
+        let max = self
+            .worker
+            .shared
+            .tunables
+            .maxmemory
+            .load(Ordering::Relaxed);
+        max > 0 && self.worker.shared.used_memory.load(Ordering::Relaxed) as u64 > max
+    }
+
+    /// Counts a command that ran on this thread (connection and cross-shard commands).
+    pub fn record_here(&mut self, cmd: &Command, args: &[Bytes], start: Instant, mark: usize) {
+        let usec = start.elapsed().as_micros() as u64;
+        let mut shard = self.worker.shard.borrow_mut();
+        let handle = &self.handle;
+        shard.log_if_slow(cmd, args, usec, || {
+            let info = handle.info.borrow();
+            (info.addr.clone(), info.name.clone())
+        });
+        let st = &mut shard.stats;
+        st.total_commands += 1;
+        let c = &mut st.commands[cmd.id];
+        c.calls += 1;
+        c.usec += usec;
+        if self.out.buf.get(mark) == Some(&b'-') {
+            c.failed += 1;
+            st.record_error(&self.out.buf[mark..]);
+        }
+    }
+
+    pub fn set_db(&mut self, db: usize) {
+        self.db = db;
+        self.handle.info.borrow_mut().db = db;
+    }
+}

@@ -1,0 +1,256 @@
+//! Intent locks of one shard.
+//!
+//! A multi-shard transaction locks exactly the keys it touches on each shard it touches
+//! (or the whole shard, for FLUSHALL-like commands inside a transaction). Other work on
+//! those keys waits in arrival order; work on other keys never waits. Transactions take
+//! their shards in ascending shard order, and within a shard a waiter only waits for
+//! holders and for earlier waiters sharing a key, so no cycle of waits can form.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+use tokio::sync::oneshot;
+
+/// What a lock request covers.
+#[derive(Clone, Debug)]
+pub enum LockKeys {
+    Keys(Vec<Bytes>),
+    All,
+}
+
+/// Work that waits for keys to become free.
+pub enum Waiting {
+    /// A transaction's lock request: the keys become held by it when granted.
+    Grant(oneshot::Sender<()>),
+    /// A command (or the rest of a pipelined batch) that runs once its keys are free,
+    /// holding nothing while it waits.
+    Run(Box<dyn FnOnce()>),
+}
+
+struct Waiter {
+    keys: LockKeys,
+    what: Waiting,
+}
+
+#[derive(Default)]
+pub struct LockTable {
+    held: HashMap<Bytes, u32>,
+    all_held: u32,
+    queue: VecDeque<Waiter>,
+    /// Keys named by queued waiters, so a newcomer sharing one queues behind them.
+    queued: HashMap<Bytes, u32>,
+    queued_all: u32,
+    pub granted_total: u64,
+    pub waited_total: u64,
+}
+
+impl LockTable {
+    /// Nothing is locked or waiting: the common case, checked before anything else.
+    #[inline]
+    pub fn is_idle(&self) -> bool {
+        self.all_held == 0 && self.held.is_empty() && self.queue.is_empty()
+    }
+
+    /// Whether work on `keys` may run now without overtaking anyone.
+    pub fn is_free<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) -> bool {
+        if self.is_idle() {
+            return true;
+        }
+        if self.all_held > 0 || self.queued_all > 0 {
+            return false;
+        }
+        keys.into_iter()
+            .all(|k| !self.held.contains_key(k) && !self.queued.contains_key(k))
+    }
+
+    fn is_free_for(&self, keys: &LockKeys) -> bool {
+        match keys {
+            LockKeys::All => self.is_idle(),
+            LockKeys::Keys(ks) => self.is_free(ks.iter().map(|k| &k[..])),
+        }
+    }
+
+    fn hold(&mut self, keys: &LockKeys) {
+        match keys {
+            LockKeys::All => self.all_held += 1,
+            LockKeys::Keys(ks) => {
+                for k in ks {
+                    *self.held.entry(k.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+        self.granted_total += 1;
+    }
+
+    /// Takes the locks now if they are free, else queues the request; `grant` fires when
+    /// the keys are held.
+    pub fn acquire(&mut self, keys: LockKeys, grant: oneshot::Sender<()>) {
+        if self.is_free_for(&keys) {
+            self.hold(&keys);
+            let _ = grant.send(());
+        } else {
+            self.enqueue(keys, Waiting::Grant(grant));
+        }
+    }
+
+    /// Queues work behind the current holders of (or earlier waiters for) `keys`.
+    pub fn enqueue(&mut self, keys: LockKeys, what: Waiting) {
+        self.waited_total += 1;
+        match &keys {
+            LockKeys::All => self.queued_all += 1,
+            LockKeys::Keys(ks) => {
+                for k in ks {
+                    *self.queued.entry(k.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+        self.queue.push_back(Waiter { keys, what });
+    }
+
+    /// Releases a granted request and returns the work that may run now, in order. The
+    /// caller runs the returned closures after it stops borrowing the shard.
+    pub fn release(&mut self, keys: &LockKeys) -> Vec<Box<dyn FnOnce()>> {
+        match keys {
+            LockKeys::All => self.all_held -= 1,
+            LockKeys::Keys(ks) => {
+                for k in ks {
+                    if let Some(c) = self.held.get_mut(k) {
+                        *c -= 1;
+                        if *c == 0 {
+                            self.held.remove(k);
+                        }
+                    }
+                }
+            }
+        }
+        self.wake()
+    }
+
+    fn unqueue(&mut self, keys: &LockKeys) {
+        match keys {
+            LockKeys::All => self.queued_all -= 1,
+            LockKeys::Keys(ks) => {
+                for k in ks {
+                    if let Some(c) = self.queued.get_mut(k) {
+                        *c -= 1;
+                        if *c == 0 {
+                            self.queued.remove(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Walks the queue in order and starts every waiter whose keys are free of holders and
+    /// of earlier waiters still queued.
+    fn wake(&mut self) -> Vec<Box<dyn FnOnce()>> {
+        let mut runnable = Vec::new();
+        let mut remaining = VecDeque::with_capacity(self.queue.len());
+        // Keys of waiters that stay queued in this pass; later waiters sharing them stay too.
+        let mut blocked: HashMap<Bytes, ()> = HashMap::new();
+        let mut blocked_all = false;
+        let queue = std::mem::take(&mut self.queue);
+        for w in queue {
+            let overtakes = match &w.keys {
+                LockKeys::All => blocked_all || !blocked.is_empty(),
+                LockKeys::Keys(ks) => blocked_all || ks.iter().any(|k| blocked.contains_key(k)),
+            };
+            let free = !overtakes
+                && self.all_held == 0
+                && match &w.keys {
+                    LockKeys::All => self.held.is_empty(),
+                    LockKeys::Keys(ks) => ks.iter().all(|k| !self.held.contains_key(k)),
+                };
+            if free {
+                self.unqueue(&w.keys);
+                match w.what {
+                    Waiting::Grant(tx) => {
+                        self.hold(&w.keys);
+                        runnable.push(Box::new(move || {
+                            let _ = tx.send(());
+                        }) as Box<dyn FnOnce()>);
+                    }
+                    Waiting::Run(f) => runnable.push(f),
+                }
+            } else {
+                match &w.keys {
+                    LockKeys::All => blocked_all = true,
+                    LockKeys::Keys(ks) => {
+                        for k in ks {
+                            blocked.insert(k.clone(), ());
+                        }
+                    }
+                }
+                remaining.push_back(w);
+            }
+        }
+        self.queue = remaining;
+        runnable
+    }
+
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    fn keys(ks: &[&str]) -> LockKeys {
+        LockKeys::Keys(ks.iter().map(|k| Bytes::from(k.to_string())).collect())
+    }
+
+    #[test]
+    fn waiters_run_in_order_after_release() {
+        let mut t = LockTable::default();
+        let (g, mut r) = oneshot::channel();
+        t.acquire(keys(&["a", "b"]), g);
+        assert!(r.try_recv().is_ok());
+        assert!(!t.is_free([&b"a"[..]]));
+        assert!(t.is_free([&b"c"[..]]));
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let l1 = log.clone();
+        t.enqueue(
+            keys(&["a"]),
+            Waiting::Run(Box::new(move || l1.borrow_mut().push(1))),
+        );
+        // A later request for a free key that an earlier waiter also wants must queue.
+        assert!(!t.is_free([&b"a"[..]]));
+        let (g2, mut r2) = oneshot::channel();
+        t.acquire(keys(&["a", "c"]), g2);
+        assert!(r2.try_recv().is_err());
+        let runnable = t.release(&keys(&["a", "b"]));
+        assert_eq!(runnable.len(), 2);
+        for f in runnable {
+            f();
+        }
+        assert_eq!(*log.borrow(), vec![1]);
+        assert!(r2.try_recv().is_ok());
+        assert!(!t.is_free([&b"c"[..]]));
+        assert!(t.release(&keys(&["a", "c"])).is_empty());
+        assert!(t.is_idle());
+    }
+
+    #[test]
+    fn whole_shard_lock_waits_for_holders_and_blocks_everyone() {
+        let mut t = LockTable::default();
+        let (g, _r) = oneshot::channel();
+        t.acquire(keys(&["a"]), g);
+        let (ga, mut ra) = oneshot::channel();
+        t.acquire(LockKeys::All, ga);
+        assert!(ra.try_recv().is_err());
+        assert!(!t.is_free([&b"z"[..]]));
+        for f in t.release(&keys(&["a"])) {
+            f();
+        }
+        assert!(ra.try_recv().is_ok());
+        assert!(!t.is_free([&b"z"[..]]));
+        assert!(t.release(&LockKeys::All).is_empty());
+        assert!(t.is_idle());
+    }
+}

@@ -1,0 +1,723 @@
+//! Shards and every interaction between threads.
+//!
+//! Each worker thread owns one `Worker`: its shard of the keyspace, its lock table, its
+//! clients and its counters, all reached through `Rc`/`RefCell` from that thread only.
+//! Other threads reach them solely by sending a closure to the thread's mailbox (`hop`).
+
+pub mod locks;
+pub mod placement;
+pub mod tx;
+pub mod watch;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::commands::{Command, ExecFn};
+use crate::config::{Config, Tunables};
+use crate::protocol::reply::Reply;
+use crate::server::clients::Clients;
+use crate::server::logs::{Logs, SlowEntry};
+use crate::types::table::{Entry, Table};
+use crate::types::value::Value;
+use locks::{LockKeys, LockTable, Waiting};
+use placement::Placement;
+use watch::WatchTable;
+
+/// Work sent to another thread: runs there with that thread's worker.
+pub type Msg = Box<dyn FnOnce(&Rc<Worker>) + Send>;
+
+/// State shared by all threads. Nothing here is keyspace data.
+pub struct Shared {
+    pub placement: Placement,
+    pub mailboxes: OnceLock<Vec<mpsc::UnboundedSender<Msg>>>,
+    /// The full configuration, read and written only by CONFIG and INFO.
+    pub config: Mutex<Config>,
+    /// Settings read on hot paths, mirrored from `config` as atomics.
+    pub tunables: Tunables,
+    pub next_client_id: AtomicU64,
+    pub next_tx_id: AtomicU64,
+    pub connected_clients: AtomicUsize,
+    pub monitors: AtomicUsize,
+    pub started: Instant,
+    pub started_unix_ms: u64,
+    pub shutting_down: AtomicBool,
+    /// Bytes allocated, refreshed from the allocator a few times a second.
+    pub used_memory: AtomicUsize,
+    pub peak_memory: AtomicUsize,
+    pub lastsave_unix: AtomicU64,
+    pub active_expire: AtomicBool,
+    /// 40 hex characters naming this run of the server (INFO's run_id).
+    pub run_id: String,
+    pub next_slowlog_id: AtomicU64,
+}
+
+impl Shared {
+    pub fn nshards(&self) -> usize {
+        self.placement.nshards()
+    }
+
+    pub fn send(&self, target: usize, msg: Msg) {
+        let boxes = self.mailboxes.get().expect("mailboxes set at start-up");
+        // A closed mailbox only happens during shutdown; the work is moot then.
+        let _ = boxes[target].send(msg);
+    }
+
+    pub fn uptime_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Everything one thread owns.
+pub struct Worker {
+    pub id: usize,
+    pub shared: Arc<Shared>,
+    pub shard: RefCell<Shard>,
+    pub clients: RefCell<Clients>,
+}
+
+impl Worker {
+    pub fn nshards(&self) -> usize {
+        self.shared.nshards()
+    }
+
+    pub fn shard_of(&self, key: &[u8]) -> usize {
+        self.shared.placement.shard_of(key)
+    }
+}
+
+/// Runs `f` on shard `target`'s thread and returns its result: a direct call when the
+/// target is this thread, else one message there and one reply back.
+pub async fn hop<R, F>(worker: &Rc<Worker>, target: usize, f: F) -> R
+where
+    R: Send + 'static,
+    F: FnOnce(&Rc<Worker>) -> R + Send + 'static,
+{
+    if target == worker.id {
+        return f(worker);
+    }
+    worker.shard.borrow_mut().stats.hops += 1;
+    let (tx, rx) = oneshot::channel();
+    worker.shared.send(
+        target,
+        Box::new(move |w| {
+            let _ = tx.send(f(w));
+        }),
+    );
+    rx.await.expect("shard thread stopped")
+}
+
+/// Runs `f` on every shard concurrently and returns the results in shard order.
+pub async fn broadcast<R, F>(worker: &Rc<Worker>, f: F) -> Vec<R>
+where
+    R: Send + 'static,
+    F: Fn(&Rc<Worker>) -> R + Send + Sync + 'static,
+{
+    let f = Arc::new(f);
+    let mut pending = Vec::with_capacity(worker.nshards());
+    for target in 0..worker.nshards() {
+        if target == worker.id {
+            pending.push(None);
+            continue;
+        }
+        let (tx, rx) = oneshot::channel();
+        let f = f.clone();
+        worker.shared.send(
+            target,
+            Box::new(move |w| {
+                let _ = tx.send(f(w));
+            }),
+        );
+        pending.push(Some(rx));
+    }
+    let mut out = Vec::with_capacity(pending.len());
+    for (target, rx) in pending.into_iter().enumerate() {
+        match rx {
+            None => out.push(f(worker)),
+            Some(rx) => {
+                let _ = target;
+                out.push(rx.await.expect("shard thread stopped"));
+            }
+        }
+    }
+    out
+}
+
+/// Per-command counters (INFO commandstats).
+#[derive(Default, Clone, Copy)]
+pub struct CmdStat {
+    pub calls: u64,
+    pub usec: u64,
+    pub rejected: u64,
+    pub failed: u64,
+}
+
+/// Counters of one thread; INFO sums them over all threads.
+#[derive(Default)]
+pub struct Stats {
+    pub commands: Vec<CmdStat>,
+    pub errors: HashMap<String, u64>,
+    pub total_commands: u64,
+    pub total_error_replies: u64,
+    pub inline: u64,
+    pub one_hop: u64,
+    pub multi_shard: u64,
+    pub hops: u64,
+    pub squashed_batches: u64,
+    pub squashed_commands: u64,
+    pub migrations: u64,
+    pub expired_keys: u64,
+    pub keyspace_hits: u64,
+    pub keyspace_misses: u64,
+    pub connections_received: u64,
+    pub rejected_connections: u64,
+    pub net_input_bytes: u64,
+    pub net_output_bytes: u64,
+}
+
+impl Stats {
+    pub fn record_error(&mut self, reply: &[u8]) {
+        self.total_error_replies += 1;
+        let code_end = reply
+            .iter()
+            .position(|&b| b == b' ' || b == b'\r')
+            .unwrap_or(reply.len());
+        let code = String::from_utf8_lossy(&reply[1..code_end.max(1)]).into_owned();
+        *self.errors.entry(code).or_insert(0) += 1;
+    }
+}
+
+pub struct Db {
+    pub table: Table,
+    expire_cursor: u64,
+}
+
+/// One shard of the keyspace: its databases, locks, watched keys and counters.
+pub struct Shard {
+    pub id: usize,
+    pub dbs: Vec<Db>,
+    pub locks: LockTable,
+    pub watches: WatchTable,
+    pub stats: Stats,
+    /// Write operations since start (`rdb_changes_since_last_save`).
+    pub dirty: u64,
+    started: Instant,
+    rng: Cell<u64>,
+    pub shared: Arc<Shared>,
+    /// Slow commands and latency events of this thread.
+    pub logs: Logs,
+    /// (unix ms, total commands) sampled every tick, for instantaneous_ops_per_sec.
+    ops_samples: VecDeque<(u64, u64)>,
+}
+
+impl Shard {
+    pub fn new(id: usize, databases: usize, ncommands: usize, shared: Arc<Shared>) -> Shard {
+        Shard {
+            started: shared.started,
+            shared,
+            logs: Logs::default(),
+            id,
+            dbs: (0..databases)
+                .map(|_| Db {
+                    table: Table::new(),
+                    expire_cursor: 0,
+                })
+                .collect(),
+            locks: LockTable::default(),
+            watches: WatchTable::new(databases),
+            stats: Stats {
+                commands: vec![CmdStat::default(); ncommands],
+                ..Stats::default()
+            },
+            dirty: 0,
+            ops_samples: VecDeque::new(),
+            rng: Cell::new(
+                0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
+            ),
+        }
+    }
+
+    pub fn random(&self) -> u64 {
+        // xorshift64*: enough for RANDOMKEY and sampling.
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Adds a command to the slow log and the latency events when it took long enough.
+    pub fn log_if_slow(
+        &mut self,
+        cmd: &Command,
+        args: &[Bytes],
+        usec: u64,
+        client: impl FnOnce() -> (String, Vec<u8>),
+    ) {
+        let t = &self.shared.tunables;
+        let slower_than = t.slowlog_slower_than.load(Ordering::Relaxed);
+        if slower_than >= 0
+            && usec >= slower_than as u64
+            && !cmd.has(crate::commands::flags::SKIP_SLOWLOG)
+        {
+            let id = self.shared.next_slowlog_id.fetch_add(1, Ordering::Relaxed);
+            let max = t.slowlog_max_len.load(Ordering::Relaxed);
+            let (addr, name) = client();
+            let entry = SlowEntry::new(id, unix_ms() / 1000, usec, args, addr, name);
+            self.logs.add_slow(entry, max);
+        }
+        let threshold_ms = t.latency_threshold_ms.load(Ordering::Relaxed);
+        if threshold_ms > 0 && usec / 1000 >= threshold_ms {
+            let event = if cmd.has(crate::commands::flags::FAST) {
+                "fast-command"
+            } else {
+                "command"
+            };
+            self.logs.add_latency(event, unix_ms() / 1000, usec / 1000);
+        }
+    }
+
+    /// Records the command count for the ops/sec estimate; called every tick.
+    pub fn sample_ops(&mut self, now_ms: u64) {
+        self.ops_samples
+            .push_back((now_ms, self.stats.total_commands));
+        while self.ops_samples.len() > 16 {
+            self.ops_samples.pop_front();
+        }
+    }
+
+    pub fn ops_per_sec(&self) -> u64 {
+        match (self.ops_samples.front(), self.ops_samples.back()) {
+            (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) * 1000 / (b.0 - a.0),
+            _ => 0,
+        }
+    }
+
+    /// CONFIG RESETSTAT: zeroes the counters INFO reports.
+    pub fn reset_stats(&mut self) {
+        let n = self.stats.commands.len();
+        self.stats = Stats {
+            commands: vec![CmdStat::default(); n],
+            ..Stats::default()
+        };
+        self.ops_samples.clear();
+    }
+
+    /// Seconds since start, the clock of OBJECT IDLETIME.
+    pub fn lru_clock(&self) -> u32 {
+        self.started.elapsed().as_secs() as u32
+    }
+
+    /// Looks a key up, deleting it first if it has expired (lazy expiry).
+    pub fn lookup(&mut self, db: usize, key: &[u8], now_ms: u64) -> Option<&mut Entry> {
+        let expired = match self.dbs[db].table.get(key) {
+            None => return None,
+            Some(e) => e.is_expired(now_ms),
+        };
+        if expired {
+            self.expire_key(db, key);
+            return None;
+        }
+        self.dbs[db].table.get_mut(key)
+    }
+
+    /// Removes a key whose time has come, as Redis does when it finds one.
+    pub fn expire_key(&mut self, db: usize, key: &[u8]) {
+        if self.dbs[db].table.remove(key).is_some() {
+            self.stats.expired_keys += 1;
+            self.watches.touch_expired(db, key);
+        }
+    }
+
+    /// Tells watchers of `key` that it changed (Redis's signalModifiedKey).
+    #[inline]
+    pub fn modified(&mut self, db: usize, key: &[u8]) {
+        self.dirty += 1;
+        if !self.watches.is_empty() {
+            self.watches.touch(db, key);
+        }
+    }
+
+    pub fn keys_in(&self, db: usize) -> usize {
+        self.dbs[db].table.len()
+    }
+
+    /// One pass of active expiry over every database: walks segments holding keys with a
+    /// TTL, a bounded amount per call, so expired keys never pile up unseen. Returns
+    /// whether it stopped on its budget with more to do.
+    pub fn active_expire(&mut self, now_ms: u64, budget_segments: usize) -> bool {
+        let mut more = false;
+        for db in 0..self.dbs.len() {
+            if self.dbs[db].table.volatile_len() == 0 {
+                continue;
+            }
+            let cursor = self.dbs[db].expire_cursor;
+            let mut expired = Vec::new();
+            let (next, _checked) =
+                self.dbs[db]
+                    .table
+                    .expire_step(cursor, budget_segments, now_ms, |e: Entry| {
+                        expired.push(e.key)
+                    });
+            self.dbs[db].expire_cursor = next;
+            if next != 0 {
+                more = true;
+            }
+            for key in expired {
+                self.stats.expired_keys += 1;
+                self.watches.touch_expired(db, &key);
+            }
+        }
+        more
+    }
+
+    /// Removes every key of `db`, telling watchers of keys that existed.
+    pub fn flush_db(&mut self, db: usize) {
+        if !self.watches.is_empty() {
+            let keys: Vec<Box<[u8]>> = self.dbs[db].table.iter().map(|e| e.key.clone()).collect();
+            for k in keys {
+                self.watches.touch(db, &k);
+            }
+        }
+        self.dirty += self.dbs[db].table.len() as u64;
+        self.dbs[db].table.clear();
+    }
+
+    /// Swaps two databases; watchers of keys whose contents change are told.
+    pub fn swap_dbs(&mut self, a: usize, b: usize) {
+        if !self.watches.is_empty() {
+            for (db, other) in [(a, b), (b, a)] {
+                for key in self.watches.keys(db) {
+                    if self.dbs[db].table.get(&key).is_some()
+                        || self.dbs[other].table.get(&key).is_some()
+                    {
+                        self.watches.touch(db, &key);
+                    }
+                }
+            }
+        }
+        self.dbs.swap(a, b);
+        self.dirty += 1;
+    }
+
+    /// Makes an execution context for running commands on this shard.
+    pub fn ctx<'a>(&'a mut self, db: usize, out: &'a mut Reply, client_id: u64) -> ExecCtx<'a> {
+        ExecCtx {
+            shard: self,
+            db,
+            out,
+            now_ms: unix_ms(),
+            client_id,
+            no_touch: false,
+            hits: 0,
+            misses: 0,
+        }
+    }
+}
+
+/// What a command handler sees when it runs on the shard that owns its keys.
+pub struct ExecCtx<'a> {
+    pub shard: &'a mut Shard,
+    pub db: usize,
+    pub out: &'a mut Reply,
+    /// The clock of this command: every expiry check within it agrees.
+    pub now_ms: u64,
+    pub client_id: u64,
+    /// CLIENT NO-TOUCH: reads leave the access time alone.
+    pub no_touch: bool,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl ExecCtx<'_> {
+    /// The live entry for `key`, or None; updates the access time.
+    pub fn get(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let lru = if self.no_touch {
+            None
+        } else {
+            Some(self.shard.lru_clock())
+        };
+        let e = self.shard.lookup(self.db, key, self.now_ms)?;
+        if let Some(l) = lru {
+            e.lru = l;
+        }
+        Some(e)
+    }
+
+    /// Like `get` but counts a keyspace hit or miss, as Redis's read lookups do.
+    pub fn get_read(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let lru = self.shard.lru_clock();
+        match self.shard.lookup(self.db, key, self.now_ms) {
+            Some(e) => {
+                self.hits += 1;
+                if !self.no_touch {
+                    e.lru = lru;
+                }
+                Some(e)
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
+        }
+    }
+
+    pub fn exists(&mut self, key: &[u8]) -> bool {
+        self.shard.lookup(self.db, key, self.now_ms).is_some()
+    }
+
+    /// Stores `value` at `key` with expiry `expire_at` (0: none) and signals the change.
+    pub fn set(&mut self, key: &[u8], value: Value, expire_at: u64) {
+        let lru = self.shard.lru_clock();
+        self.shard.dbs[self.db]
+            .table
+            .insert(key, value, expire_at, lru);
+        self.shard.modified(self.db, key);
+    }
+
+    /// Deletes `key` if it is live; signals the change.
+    pub fn delete(&mut self, key: &[u8]) -> bool {
+        if self.shard.lookup(self.db, key, self.now_ms).is_none() {
+            return false;
+        }
+        self.shard.dbs[self.db].table.remove(key);
+        self.shard.modified(self.db, key);
+        true
+    }
+
+    /// Sets the expiry of an existing key (0 clears it); signals the change.
+    pub fn set_expire(&mut self, key: &[u8], expire_at: u64) -> bool {
+        let ok = self.shard.dbs[self.db].table.set_expire(key, expire_at);
+        if ok {
+            self.shard.modified(self.db, key);
+        }
+        ok
+    }
+
+    pub fn modified(&mut self, key: &[u8]) {
+        self.shard.modified(self.db, key);
+    }
+}
+
+/// Commands bound for one shard, run there in order (a pipelined run of commands, or a
+/// single command that had to wait for a lock). Replies accumulate in `out`.
+pub struct Batch {
+    pub db: usize,
+    pub client_id: u64,
+    pub no_touch: bool,
+    pub cmds: VecDeque<(&'static Command, Vec<Bytes>)>,
+    pub out: Reply,
+    /// EXEC on one shard: wait until every key of every command is free, then run them all
+    /// at once, unless a watched key changed.
+    pub atomic: Option<WatchCheck>,
+    pub done: oneshot::Sender<BatchResult>,
+}
+
+/// What EXEC checks before it runs: the connection's dirty flag and its watched keys.
+pub struct WatchCheck {
+    pub dirty: Option<Arc<AtomicBool>>,
+    pub keys: Vec<(usize, Bytes)>,
+}
+
+pub struct BatchResult {
+    pub out: Reply,
+    /// A watched key changed: nothing ran.
+    pub aborted: bool,
+}
+
+impl WatchCheck {
+    /// True when EXEC must abort: a watched key was changed, or has expired since WATCH.
+    pub fn broken(&self, shard: &Shard, client_id: u64, now_ms: u64) -> bool {
+        if let Some(d) = &self.dirty {
+            if d.load(Ordering::Acquire) {
+                return true;
+            }
+        }
+        self.keys.iter().any(|(db, key)| {
+            shard.dbs[*db]
+                .table
+                .get(key)
+                .is_some_and(|e| e.is_expired(now_ms))
+                && !shard.watches.was_expired_at_watch(*db, key, client_id)
+        })
+    }
+}
+
+/// Runs one command on this shard without any lock check and records its counters.
+#[allow(clippy::too_many_arguments)]
+pub fn exec_here(
+    shard: &mut Shard,
+    cmd: &'static Command,
+    f: ExecFn,
+    args: &[Bytes],
+    db: usize,
+    out: &mut Reply,
+    client_id: u64,
+    no_touch: bool,
+) {
+    let start_len = out.buf.len();
+    let started = Instant::now();
+    {
+        let mut ctx = shard.ctx(db, out, client_id);
+        ctx.no_touch = no_touch;
+        f(&mut ctx, args);
+        let (hits, misses) = (ctx.hits, ctx.misses);
+        shard.stats.keyspace_hits += hits;
+        shard.stats.keyspace_misses += misses;
+    }
+    let usec = started.elapsed().as_micros() as u64;
+    shard.log_if_slow(cmd, args, usec, || (String::new(), Vec::new()));
+    let st = &mut shard.stats;
+    st.total_commands += 1;
+    let c = &mut st.commands[cmd.id];
+    c.calls += 1;
+    c.usec += usec;
+    if out.buf.get(start_len) == Some(&b'-') {
+        c.failed += 1;
+        st.record_error(&out.buf[start_len..]);
+    }
+}
+
+fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
+    let cmds: Box<dyn Iterator<Item = &(&'static Command, Vec<Bytes>)>> = if all {
+        Box::new(batch.cmds.iter())
+    } else {
+        Box::new(batch.cmds.iter().take(1))
+    };
+    let mut keys = Vec::new();
+    for (cmd, args) in cmds {
+        keys.extend(cmd.key_positions(args).into_iter().map(|i| args[i].clone()));
+    }
+    if all {
+        if let Some(w) = &batch.atomic {
+            keys.extend(w.keys.iter().map(|(_, k)| k.clone()));
+        }
+    }
+    keys
+}
+
+/// Runs a batch on this thread's shard, stopping at the first command whose keys are
+/// locked; the rest waits in the lock queue and resumes when the keys are free.
+pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
+    let atomic = batch.atomic.is_some();
+    let mut shard = worker.shard.borrow_mut();
+    if atomic && !shard.locks.is_idle() {
+        let keys = batch_keys(&batch, true);
+        if !shard.locks.is_free(keys.iter().map(|k| &k[..])) {
+            let w = worker.clone();
+            shard.locks.enqueue(
+                LockKeys::Keys(keys),
+                Waiting::Run(Box::new(move || run_batch(&w, batch))),
+            );
+            return;
+        }
+    }
+    if let Some(check) = batch.atomic.take() {
+        if check.broken(&shard, batch.client_id, unix_ms()) {
+            drop(shard);
+            let _ = batch.done.send(BatchResult {
+                out: batch.out,
+                aborted: true,
+            });
+            return;
+        }
+    }
+    while let Some((cmd, args)) = batch.cmds.pop_front() {
+        if !atomic && !shard.locks.is_idle() {
+            let keys = cmd.key_positions(&args);
+            if !shard.locks.is_free(keys.iter().map(|&i| &args[i][..])) {
+                let lock_keys = LockKeys::Keys(keys.iter().map(|&i| args[i].clone()).collect());
+                batch.cmds.push_front((cmd, args));
+                let w = worker.clone();
+                shard.locks.enqueue(
+                    lock_keys,
+                    Waiting::Run(Box::new(move || run_batch(&w, batch))),
+                );
+                return;
+            }
+        }
+        let f = cmd.exec_fn().expect("batched commands run on a shard");
+        exec_here(
+            &mut shard,
+            cmd,
+            f,
+            &args,
+            batch.db,
+            &mut batch.out,
+            batch.client_id,
+            batch.no_touch,
+        );
+    }
+    drop(shard);
+    let _ = batch.done.send(BatchResult {
+        out: batch.out,
+        aborted: false,
+    });
+}
+
+/// How a batch runs on its shard.
+pub struct BatchSpec {
+    pub db: usize,
+    pub resp3: bool,
+    pub client_id: u64,
+    pub no_touch: bool,
+    pub atomic: Option<WatchCheck>,
+}
+
+/// Runs a batch on shard `target` and waits for its replies.
+pub async fn run_batch_on(
+    worker: &Rc<Worker>,
+    target: usize,
+    cmds: VecDeque<(&'static Command, Vec<Bytes>)>,
+    spec: BatchSpec,
+) -> BatchResult {
+    let (tx, rx) = oneshot::channel();
+    let batch = Batch {
+        db: spec.db,
+        client_id: spec.client_id,
+        no_touch: spec.no_touch,
+        cmds,
+        out: Reply::new(spec.resp3),
+        atomic: spec.atomic,
+        done: tx,
+    };
+    if target == worker.id {
+        run_batch(worker, batch);
+    } else {
+        worker.shard.borrow_mut().stats.hops += 1;
+        worker
+            .shared
+            .send(target, Box::new(move |w| run_batch(w, batch)));
+    }
+    rx.await.expect("shard thread stopped")
+}
+
+/// Releases locks held on this thread's shard and starts whatever was waiting for them.
+pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
+    let runnable = worker.shard.borrow_mut().locks.release(keys);
+    for f in runnable {
+        f();
+    }
+}

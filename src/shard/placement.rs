@@ -1,0 +1,113 @@
+//! Which shard owns a key: the Redis Cluster slot of the key (or of its `{hashtag}`), then
+//! the slot's owner. Hashtags that start with the round-robin prefix are instead given
+//! shards in round-robin order of first use, so N queues on N threads land on N shards.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use hashbrown::HashMap;
+
+pub const SLOTS: usize = 16384;
+
+/// The part of a key that is hashed: the text between the first `{` and the next `}`
+/// when that is non-empty, else the whole key (Redis Cluster's rule).
+pub fn hashtag(key: &[u8]) -> &[u8] {
+    if let Some(open) = key.iter().position(|&b| b == b'{') {
+        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+pub fn slot(key: &[u8]) -> usize {
+    crc16::State::<crc16::XMODEM>::calculate(hashtag(key)) as usize % SLOTS
+}
+
+pub struct Placement {
+    nshards: usize,
+    owner: Vec<u16>,
+    rr_prefix: Option<Vec<u8>>,
+    /// Assignments of round-robin hashtags. It is consulted only on a thread's first
+    /// sight of such a tag (each thread caches what it learned), so it is not on the
+    /// data path; a mutex keeps the first-use order global.
+    rr_assigned: Mutex<HashMap<Vec<u8>, usize>>,
+    rr_next: AtomicUsize,
+}
+
+thread_local! {
+    static RR_CACHE: RefCell<HashMap<Vec<u8>, usize>> = RefCell::new(HashMap::new());
+}
+
+impl Placement {
+    pub fn new(nshards: usize, rr_prefix: Option<Vec<u8>>) -> Placement {
+        Placement {
+            nshards,
+            owner: (0..SLOTS).map(|s| (s % nshards) as u16).collect(),
+            rr_prefix: rr_prefix.filter(|p| !p.is_empty()),
+            rr_assigned: Mutex::new(HashMap::new()),
+            rr_next: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn nshards(&self) -> usize {
+        self.nshards
+    }
+
+    #[inline]
+    pub fn shard_of(&self, key: &[u8]) -> usize {
+        if self.nshards == 1 {
+            return 0;
+        }
+        let tag = hashtag(key);
+        if let Some(prefix) = &self.rr_prefix {
+            if tag.len() < key.len() && tag.starts_with(prefix) {
+                return self.round_robin(tag);
+            }
+        }
+        let slot = crc16::State::<crc16::XMODEM>::calculate(tag) as usize % SLOTS;
+        self.owner[slot] as usize
+    }
+
+    fn round_robin(&self, tag: &[u8]) -> usize {
+        if let Some(s) = RR_CACHE.with(|c| c.borrow().get(tag).copied()) {
+            return s;
+        }
+        let shard = {
+            let mut assigned = self.rr_assigned.lock().unwrap_or_else(|p| p.into_inner());
+            *assigned
+                .entry(tag.to_vec())
+                .or_insert_with(|| self.rr_next.fetch_add(1, Ordering::Relaxed) % self.nshards)
+        };
+        RR_CACHE.with(|c| c.borrow_mut().insert(tag.to_vec(), shard));
+        shard
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashtags_follow_cluster_rules() {
+        assert_eq!(hashtag(b"{user1000}.following"), b"user1000");
+        assert_eq!(hashtag(b"foo{}{bar}"), b"foo{}{bar}");
+        assert_eq!(hashtag(b"foo{{bar}}zap"), b"{bar");
+        assert_eq!(hashtag(b"foo{bar}{zap}"), b"bar");
+        assert_eq!(slot(b"123456789"), 0x31C3 % SLOTS);
+        assert_eq!(slot(b"{a}x"), slot(b"{a}y"));
+    }
+
+    #[test]
+    fn round_robin_prefix_spreads_queues_in_first_use_order() {
+        let p = Placement::new(4, Some(b"q".to_vec()));
+        let shards: Vec<usize> = (0..8)
+            .map(|i| p.shard_of(format!("queue:{{q{i}}}").as_bytes()))
+            .collect();
+        assert_eq!(shards, vec![0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(p.shard_of(b"other:{q2}"), 2);
+    }
+}

@@ -1,0 +1,4 @@
+//! The data structures behind the command families.
+
+pub mod table;
+pub mod value;

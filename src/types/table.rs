@@ -1,0 +1,413 @@
+//! The key table of one database on one shard.
+//!
+//! Keys are spread over 2^k segments by bits of their hash; each segment is a small
+//! open-addressing table. The segment index plays the role of Redis's bucket index, so
+//! SCAN can use the same reverse-binary cursor and keep its guarantee: a key present for
+//! the whole scan is returned at least once, however the table grows or shrinks between
+//! calls. Segments also count their keys with a TTL so active expiry can skip the rest.
+
+use std::hash::BuildHasher;
+
+use hashbrown::hash_table::HashTable;
+
+use super::value::Value;
+
+pub struct Entry {
+    pub key: Box<[u8]>,
+    pub value: Value,
+    /// Absolute expiry in unix milliseconds, 0 for none. Changed only through the table,
+    /// which keeps the per-segment counts of volatile keys.
+    expire_at: u64,
+    /// Seconds since the server started at the last access (OBJECT IDLETIME).
+    pub lru: u32,
+}
+
+impl Entry {
+    pub fn expire_at(&self) -> u64 {
+        self.expire_at
+    }
+
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expire_at != 0 && self.expire_at <= now_ms
+    }
+}
+
+struct Segment {
+    entries: HashTable<Entry>,
+    volatile: u32,
+}
+
+impl Segment {
+    fn new() -> Segment {
+        Segment {
+            entries: HashTable::new(),
+            volatile: 0,
+        }
+    }
+}
+
+/// Average keys per segment before the table doubles its segment count.
+const GROW_AT: usize = 16;
+/// Average keys per segment under which it halves.
+const SHRINK_AT: usize = 2;
+/// Segment index bits are taken from the high half so they do not correlate with the
+/// bits each segment's own table uses.
+const SEG_SHIFT: u32 = 32;
+
+pub struct Table {
+    segments: Vec<Segment>,
+    len: usize,
+    volatile: usize,
+    hasher: hashbrown::DefaultHashBuilder,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table::new()
+    }
+}
+
+impl Table {
+    pub fn new() -> Table {
+        Table {
+            segments: vec![Segment::new()],
+            len: 0,
+            volatile: 0,
+            hasher: hashbrown::DefaultHashBuilder::default(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn volatile_len(&self) -> usize {
+        self.volatile
+    }
+
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn seg_index(&self, hash: u64) -> usize {
+        ((hash >> SEG_SHIFT) as usize) & (self.segments.len() - 1)
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&Entry> {
+        let h = self.hash(key);
+        self.segments[self.seg_index(h)]
+            .entries
+            .find(h, |e| &*e.key == key)
+    }
+
+    pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        let h = self.hash(key);
+        let i = self.seg_index(h);
+        self.segments[i].entries.find_mut(h, |e| &*e.key == key)
+    }
+
+    /// Inserts or replaces the value of `key`, setting its expiry (0: none). Returns the
+    /// entry it replaced.
+    pub fn insert(&mut self, key: &[u8], value: Value, expire_at: u64, lru: u32) -> Option<Entry> {
+        let old = self.remove(key);
+        self.insert_new(key.into(), value, expire_at, lru);
+        old
+    }
+
+    /// Inserts a key known to be absent.
+    pub fn insert_new(&mut self, key: Box<[u8]>, value: Value, expire_at: u64, lru: u32) {
+        let h = self.hash(&key);
+        let i = self.seg_index(h);
+        let hasher = &self.hasher;
+        let seg = &mut self.segments[i];
+        if expire_at != 0 {
+            seg.volatile += 1;
+            self.volatile += 1;
+        }
+        seg.entries.insert_unique(
+            h,
+            Entry {
+                key,
+                value,
+                expire_at,
+                lru,
+            },
+            |e| hasher.hash_one(&*e.key),
+        );
+        self.len += 1;
+        if self.len > self.segments.len() * GROW_AT {
+            self.resize(self.segments.len() * 2);
+        }
+    }
+
+    pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
+        let h = self.hash(key);
+        let i = self.seg_index(h);
+        let seg = &mut self.segments[i];
+        let entry = match seg.entries.find_entry(h, |e| &*e.key == key) {
+            Ok(occupied) => occupied.remove().0,
+            Err(_) => return None,
+        };
+        if entry.expire_at != 0 {
+            seg.volatile -= 1;
+            self.volatile -= 1;
+        }
+        self.len -= 1;
+        if self.segments.len() > 1 && self.len < self.segments.len() * SHRINK_AT {
+            self.resize(self.segments.len() / 2);
+        }
+        Some(entry)
+    }
+
+    /// Sets or clears (0) the expiry of an existing key; false when the key is absent.
+    pub fn set_expire(&mut self, key: &[u8], expire_at: u64) -> bool {
+        let h = self.hash(key);
+        let i = self.seg_index(h);
+        let seg = &mut self.segments[i];
+        let Some(e) = seg.entries.find_mut(h, |e| &*e.key == key) else {
+            return false;
+        };
+        match (e.expire_at != 0, expire_at != 0) {
+            (false, true) => {
+                seg.volatile += 1;
+                self.volatile += 1;
+            }
+            (true, false) => {
+                seg.volatile -= 1;
+                self.volatile -= 1;
+            }
+            _ => {}
+        }
+        e.expire_at = expire_at;
+        true
+    }
+
+    pub fn clear(&mut self) {
+        *self = Table {
+            hasher: self.hasher.clone(),
+            ..Table::new()
+        };
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.segments.iter().flat_map(|s| s.entries.iter())
+    }
+
+    fn resize(&mut self, new_count: usize) {
+        let old = std::mem::take(&mut self.segments);
+        self.segments = (0..new_count).map(|_| Segment::new()).collect();
+        for seg in old {
+            for entry in seg.entries {
+                let h = self.hash(&entry.key);
+                let i = self.seg_index(h);
+                let hasher = &self.hasher;
+                let target = &mut self.segments[i];
+                if entry.expire_at != 0 {
+                    target.volatile += 1;
+                }
+                target
+                    .entries
+                    .insert_unique(h, entry, |e| hasher.hash_one(&*e.key));
+            }
+        }
+    }
+
+    /// Visits whole segments from `cursor` until at least `count` entries were offered to
+    /// `visit` (or the table ends) and returns the next cursor, 0 when the scan is complete.
+    pub fn scan(&self, cursor: u64, count: usize, mut visit: impl FnMut(&Entry)) -> u64 {
+        let mask = (self.segments.len() - 1) as u64;
+        let mut v = cursor;
+        let mut seen = 0usize;
+        // Like Redis, bound the empty segments walked per call.
+        let mut budget = count.saturating_mul(10).max(10);
+        loop {
+            let seg = &self.segments[(v & mask) as usize];
+            for e in seg.entries.iter() {
+                visit(e);
+                seen += 1;
+            }
+            v = next_reverse_cursor(v, mask);
+            budget = budget.saturating_sub(1);
+            if v == 0 || seen >= count || budget == 0 {
+                return v;
+            }
+        }
+    }
+
+    /// A uniformly chosen segment's random entry; `rand` supplies random numbers.
+    pub fn random_entry(&self, mut rand: impl FnMut() -> u64) -> Option<&Entry> {
+        if self.len == 0 {
+            return None;
+        }
+        let n = self.segments.len();
+        let start = (rand() as usize) & (n - 1);
+        for step in 0..n {
+            let seg = &self.segments[(start + step) & (n - 1)];
+            let len = seg.entries.len();
+            if len > 0 {
+                let pick = (rand() as usize) % len;
+                return seg.entries.iter().nth(pick);
+            }
+        }
+        None
+    }
+
+    /// Walks at most `max_segments` segments holding volatile keys from `cursor`, removing
+    /// keys expired at `now_ms` and handing each to `on_expired`. Returns the next cursor
+    /// and how many volatile keys were checked.
+    pub fn expire_step(
+        &mut self,
+        cursor: u64,
+        max_segments: usize,
+        now_ms: u64,
+        mut on_expired: impl FnMut(Entry),
+    ) -> (u64, usize) {
+        let mask = (self.segments.len() - 1) as u64;
+        let mut v = cursor & mask;
+        let mut checked = 0;
+        let mut visited = 0;
+        let mut walked = 0;
+        loop {
+            let i = (v & mask) as usize;
+            if self.segments[i].volatile > 0 {
+                visited += 1;
+                let seg = &mut self.segments[i];
+                checked += seg.volatile as usize;
+                let mut expired = Vec::new();
+                for e in seg.entries.iter() {
+                    if e.is_expired(now_ms) {
+                        expired.push(e.key.clone());
+                    }
+                }
+                for key in expired {
+                    if let Some(e) = self.remove_in_segment(i, &key) {
+                        on_expired(e);
+                    }
+                }
+            }
+            walked += 1;
+            v = next_reverse_cursor(v, mask);
+            // A resize inside remove changes the mask: restart from the new cursor space.
+            if (self.segments.len() - 1) as u64 != mask {
+                return (v, checked);
+            }
+            if v == 0 || visited >= max_segments || walked >= max_segments * 16 {
+                return (v, checked);
+            }
+        }
+    }
+
+    fn remove_in_segment(&mut self, _seg: usize, key: &[u8]) -> Option<Entry> {
+        self.remove(key)
+    }
+}
+
+/// Redis's reverse-binary cursor increment: increments the reversed bits of `v` within
+/// `mask`, so a cursor stays valid when the table doubles or halves.
+pub fn next_reverse_cursor(v: u64, mask: u64) -> u64 {
+    let mut v = v | !mask;
+    v = v.reverse_bits();
+    v = v.wrapping_add(1);
+    v.reverse_bits()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::value::StrValue;
+    use std::collections::HashSet;
+
+    fn val() -> Value {
+        Value::Str(StrValue::Int(1))
+    }
+
+    #[test]
+    fn insert_get_remove_and_resize() {
+        let mut t = Table::new();
+        for i in 0..10_000 {
+            t.insert(format!("k{i}").as_bytes(), val(), 0, 0);
+        }
+        assert_eq!(t.len(), 10_000);
+        assert!(t.segments.len() > 1);
+        for i in 0..10_000 {
+            assert!(t.get(format!("k{i}").as_bytes()).is_some());
+        }
+        for i in 0..9_990 {
+            assert!(t.remove(format!("k{i}").as_bytes()).is_some());
+        }
+        assert_eq!(t.len(), 10);
+        assert!(t.segments.len() <= 8);
+        assert!(t.get(b"k9995").is_some());
+    }
+
+    #[test]
+    fn scan_returns_every_stable_key_across_resizes() {
+        let mut t = Table::new();
+        for i in 0..500 {
+            t.insert(format!("stable{i}").as_bytes(), val(), 0, 0);
+        }
+        let mut seen = HashSet::new();
+        let mut cursor = 0;
+        let mut round = 0;
+        loop {
+            cursor = t.scan(cursor, 10, |e| {
+                seen.insert(e.key.to_vec());
+            });
+            // Grow and shrink the table between calls.
+            round += 1;
+            if round % 3 == 0 {
+                for j in 0..400 {
+                    t.insert(format!("tmp{round}-{j}").as_bytes(), val(), 0, 0);
+                }
+            } else if round % 3 == 1 {
+                let keys: Vec<Vec<u8>> = t
+                    .iter()
+                    .filter(|e| e.key.starts_with(b"tmp"))
+                    .map(|e| e.key.to_vec())
+                    .collect();
+                for k in keys {
+                    t.remove(&k);
+                }
+            }
+            if cursor == 0 {
+                break;
+            }
+        }
+        for i in 0..500 {
+            assert!(seen.contains(format!("stable{i}").as_bytes()), "missed {i}");
+        }
+    }
+
+    #[test]
+    fn volatile_counts_and_expiry() {
+        let mut t = Table::new();
+        for i in 0..100 {
+            t.insert(
+                format!("k{i}").as_bytes(),
+                val(),
+                if i % 2 == 0 { 10 } else { 0 },
+                0,
+            );
+        }
+        assert_eq!(t.volatile_len(), 50);
+        assert!(t.set_expire(b"k1", 20));
+        assert!(t.set_expire(b"k0", 0));
+        assert_eq!(t.volatile_len(), 50);
+        let mut expired = 0;
+        let mut cursor = 0;
+        loop {
+            let (c, _) = t.expire_step(cursor, 4, 15, |_| expired += 1);
+            cursor = c;
+            if cursor == 0 {
+                break;
+            }
+        }
+        assert_eq!(expired, 49);
+        assert_eq!(t.volatile_len(), 1);
+        assert_eq!(t.len(), 51);
+    }
+}
