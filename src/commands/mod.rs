@@ -182,6 +182,8 @@ impl Command {
 pub struct CommandTable {
     pub commands: Vec<Command>,
     by_name: HashMap<&'static str, usize>,
+    /// "client|list" and the like, for CLIENT LIST's `cmd=` field.
+    full_names: HashMap<(usize, &'static str), &'static str>,
 }
 
 static TABLE: OnceLock<CommandTable> = OnceLock::new();
@@ -193,7 +195,18 @@ pub fn table() -> &'static CommandTable {
             c.id = i;
         }
         let by_name = commands.iter().map(|c| (c.name, c.id)).collect();
-        CommandTable { commands, by_name }
+        let mut full_names = HashMap::new();
+        for c in &commands {
+            for (sub, _, _) in c.subcommands {
+                let full: &'static str = Box::leak(format!("{}|{}", c.name, sub).into_boxed_str());
+                full_names.insert((c.id, *sub), full);
+            }
+        }
+        CommandTable {
+            commands,
+            by_name,
+            full_names,
+        }
     })
 }
 
@@ -214,6 +227,19 @@ impl CommandTable {
 
     pub fn len(&self) -> usize {
         self.commands.len()
+    }
+
+    /// The name CLIENT LIST shows for a call: `get`, or `client|list` for a subcommand.
+    pub fn display_name(&self, cmd: &'static Command, args: &[Bytes]) -> &'static str {
+        if cmd.subcommands.is_empty() || args.len() < 2 {
+            return cmd.name;
+        }
+        let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+        cmd.subcommands
+            .iter()
+            .find(|(n, _, _)| *n == sub)
+            .and_then(|(n, _, _)| self.full_names.get(&(cmd.id, *n)).copied())
+            .unwrap_or(cmd.name)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -334,7 +360,17 @@ pub async fn execute(sess: &mut Session, args: Vec<Bytes>) {
         sess.count_rejected(cmd);
         return;
     }
-    sess.note_command(cmd);
+    sess.note_command(cmd, &args);
+    if sess
+        .worker
+        .shared
+        .monitors
+        .load(std::sync::atomic::Ordering::Relaxed)
+        > 0
+        && !cmd.has(flags::SKIP_MONITOR)
+    {
+        server::feed_monitors(sess, cmd, &args);
+    }
     run(sess, cmd, args).await;
 }
 

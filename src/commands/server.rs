@@ -944,3 +944,78 @@ async_handler!(latency, |sess, args| {
         _ => unreachable!("subcommands are checked before dispatch"),
     }
 });
+
+// ---- MONITOR ----
+
+async_handler!(monitor, |sess, _args| {
+    if sess.monitor_rx.is_some() {
+        return sess.out.ok();
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    sess.worker
+        .clients
+        .borrow_mut()
+        .monitors
+        .push((sess.id, tx));
+    sess.worker.shared.monitors.fetch_add(1, Ordering::AcqRel);
+    sess.monitor_rx = Some(rx);
+    sess.handle.info.borrow_mut().monitor = true;
+    sess.out.ok();
+});
+
+/// Quotes an argument as MONITOR prints it.
+fn monitor_repr(out: &mut Vec<u8>, arg: &[u8]) {
+    out.push(b'"');
+    for &c in arg {
+        match c {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            7 => out.extend_from_slice(b"\\a"),
+            8 => out.extend_from_slice(b"\\b"),
+            0x20..=0x7e => out.push(c),
+            _ => out.extend_from_slice(format!("\\x{:02x}", c).as_bytes()),
+        }
+    }
+    out.push(b'"');
+}
+
+/// Sends the line for a command about to run to every MONITOR connection.
+pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
+    let us = unix_us();
+    let addr = sess.handle.info.borrow().addr.clone();
+    let mut line = format!(
+        "+{}.{:06} [{} {}]",
+        us / 1_000_000,
+        us % 1_000_000,
+        sess.db,
+        addr
+    )
+    .into_bytes();
+    let redact = cmd.name == "auth" || cmd.name == "hello";
+    for (i, a) in args.iter().enumerate() {
+        line.push(b' ');
+        if redact && i > 0 {
+            monitor_repr(&mut line, b"(redacted)");
+        } else {
+            monitor_repr(&mut line, a);
+        }
+    }
+    line.extend_from_slice(b"\r\n");
+    let line = Bytes::from(line);
+    for target in 0..sess.worker.nshards() {
+        let l = line.clone();
+        let deliver = move |w: &std::rc::Rc<crate::shard::Worker>| {
+            for (_, tx) in &w.clients.borrow().monitors {
+                let _ = tx.send(l.clone());
+            }
+        };
+        if target == sess.worker.id {
+            deliver(&sess.worker);
+        } else {
+            sess.worker.shared.send(target, Box::new(deliver));
+        }
+    }
+}

@@ -136,6 +136,8 @@ pub struct Pause {
 #[derive(Default)]
 pub struct Clients {
     pub map: HashMap<u64, Rc<ClientHandle>>,
+    /// Connections of this thread in MONITOR mode, fed by every thread.
+    pub monitors: Vec<(u64, tokio::sync::mpsc::UnboundedSender<bytes::Bytes>)>,
     pub pause: Pause,
     pub pause_notify: Rc<Notify>,
 }

@@ -123,6 +123,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         close_after_reply: false,
         handle: handle.clone(),
         affinity: (worker.id, 0),
+        monitor_rx: None,
     };
     let exit = conn_loop(&mut sess, &mut stream, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -153,6 +154,15 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
 
 fn close(sess: &mut Session) {
     commands::transactions::unwatch_all(sess);
+    if sess.monitor_rx.take().is_some() {
+        let id = sess.id;
+        sess.worker
+            .clients
+            .borrow_mut()
+            .monitors
+            .retain(|m| m.0 != id);
+        sess.worker.shared.monitors.fetch_sub(1, Ordering::AcqRel);
+    }
     sess.worker
         .shared
         .connected_clients
@@ -188,6 +198,12 @@ async fn conn_loop(
         let mut cmds = Vec::new();
         let mut protocol_error = None;
         while cmds.len() < MAX_GROUP {
+            // Until a client authenticates, Redis parses with tight limits and runs one
+            // command at a time, so AUTH takes effect for the next one.
+            parser.set_auth_required(!sess.authenticated);
+            if !sess.authenticated && !cmds.is_empty() {
+                break;
+            }
             match parser.next_command(rbuf, &limits) {
                 Ok(Some(args)) => cmds.push(args),
                 Ok(None) => break,
@@ -197,7 +213,7 @@ async fn conn_loop(
                 }
             }
         }
-        let full = cmds.len() == MAX_GROUP;
+        let full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
         if !cmds.is_empty() {
             sess.handle.last_active.set(std::time::Instant::now());
             sess.handle.info.borrow_mut().last_interaction_unix_ms = unix_ms();
@@ -234,11 +250,27 @@ async fn conn_loop(
                     return Exit::Closed;
                 }
             }
+            line = next_monitor_line(&mut sess.monitor_rx) => {
+                if let Some(line) = line {
+                    if stream.write_all(&line).await.is_err() {
+                        return Exit::Closed;
+                    }
+                }
+            }
             r = stream.read_buf(rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64,
             }
         }
+    }
+}
+
+async fn next_monitor_line(
+    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
+) -> Option<Bytes> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -248,6 +280,7 @@ fn migration_target(sess: &Session) -> Option<usize> {
         || count < MIGRATE_AFTER
         || sess.multi.is_some()
         || sess.watching.is_some()
+        || sess.monitor_rx.is_some()
         || !sess
             .worker
             .shared
@@ -302,13 +335,14 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         crate::commands::connection::wait_if_paused(sess, &args).await;
         if let Some((cmd, target)) = squash_target(sess, &args) {
             let mut batch = VecDeque::new();
-            sess.note_command(cmd);
+            sess.note_command(cmd, &args);
             batch.push_back((cmd, args));
             while let Some(next) = iter.peek() {
                 match squash_target(sess, next) {
                     Some((c, t)) if t == target => {
-                        sess.note_command(c);
-                        batch.push_back((c, iter.next().expect("peeked")));
+                        let args = iter.next().expect("peeked");
+                        sess.note_command(c, &args);
+                        batch.push_back((c, args));
                     }
                     _ => break,
                 }

@@ -39,6 +39,8 @@ pub struct Session {
     pub handle: Rc<ClientHandle>,
     /// The shard the recent keyed commands went to, and how many in a row.
     pub affinity: (usize, u32),
+    /// Lines of executed commands, for a connection in MONITOR mode.
+    pub monitor_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
 }
 
 impl Session {
@@ -63,9 +65,9 @@ impl Session {
         self.worker.shard.borrow_mut().stats.commands[cmd.id].rejected += 1;
     }
 
-    pub fn note_command(&mut self, cmd: &'static Command) {
-        let mut info = self.handle.info.borrow_mut();
-        info.last_cmd = cmd.name;
+    pub fn note_command(&mut self, cmd: &'static Command, args: &[Bytes]) {
+        let name = crate::commands::table().display_name(cmd, args);
+        self.handle.info.borrow_mut().last_cmd = name;
     }
 
     pub fn over_maxmemory(&self) -> bool {
