@@ -255,6 +255,9 @@ pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
     loop {
         let (pause, notify) = {
             let clients = sess.worker.clients.borrow();
+            if clients.pause.until_unix_ms == 0 {
+                return;
+            }
             (clients.pause, clients.pause_notify.clone())
         };
         let now = unix_ms();

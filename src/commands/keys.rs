@@ -552,13 +552,13 @@ fn expire_generic(ctx: &mut ExecCtx, args: &[Bytes], unit_ms: i64, relative: boo
     let name = std::str::from_utf8(&args[0])
         .unwrap_or("expire")
         .to_ascii_lowercase();
-    let when = match parse_i64(&args[2]) {
-        Ok(v) => v,
-        Err(e) => return ctx.out.error(e),
-    };
     let cond = match parse_expire_cond(args) {
         Ok(c) => c,
         Err(e) => return ctx.out.error(&e),
+    };
+    let when = match parse_i64(&args[2]) {
+        Ok(v) => v,
+        Err(e) => return ctx.out.error(e),
     };
     let invalid = format!("ERR invalid expire time in '{}' command", name);
     let Some(mut at) = when.checked_mul(unit_ms) else {
@@ -637,7 +637,7 @@ pub fn expiretime(ctx: &mut ExecCtx, args: &[Bytes]) {
     match expiry_of(ctx, &args[1]) {
         None => ctx.out.int(-2),
         Some(0) => ctx.out.int(-1),
-        Some(at) => ctx.out.int((at / 1000) as i64),
+        Some(at) => ctx.out.int(((at as u128 + 500) / 1000) as i64),
     }
 }
 

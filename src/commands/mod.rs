@@ -2,8 +2,9 @@
 
 pub mod connection;
 pub mod keys;
+pub mod lists;
 pub mod server;
-// pub mod strings;
+pub mod strings;
 pub mod table;
 pub mod transactions;
 pub mod util;
@@ -279,18 +280,30 @@ pub fn route(sess: &Session, cmd: &Command, args: &[Bytes]) -> Route {
     Route::Shard(shard)
 }
 
-/// The error for an unknown command, in Redis's words and format.
-pub fn unknown_command_error(args: &[Bytes]) -> String {
-    let mut msg = format!(
-        "ERR unknown command '{}', with args beginning with: ",
-        util::printable(&args[0], 128)
-    );
-    for a in args.iter().skip(1) {
-        if msg.len() > 128 {
+/// The text of a C string argument as Redis's `%s` prints it: up to the first NUL.
+fn c_str(b: &[u8]) -> &[u8] {
+    b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n])
+}
+
+/// The error for an unknown command, byte for byte as Redis builds it: the name and the
+/// arguments printed as C strings, the arguments cut to 128 bytes in all.
+pub fn unknown_command_error(args: &[Bytes]) -> Vec<u8> {
+    let name = c_str(&args[0]);
+    let mut list: Vec<u8> = Vec::new();
+    for a in &args[1..] {
+        if list.len() >= 128 {
             break;
         }
-        msg.push_str(&format!("'{}' ", util::printable(a, 128)));
+        let a = c_str(a);
+        let take = a.len().min(128 - list.len());
+        list.push(b'\'');
+        list.extend_from_slice(&a[..take]);
+        list.extend_from_slice(b"' ");
     }
+    let mut msg = b"ERR unknown command '".to_vec();
+    msg.extend_from_slice(&name[..name.len().min(128)]);
+    msg.extend_from_slice(b"', with args beginning with: ");
+    msg.extend_from_slice(&list);
     msg
 }
 
@@ -329,9 +342,15 @@ pub fn check_subcommand(cmd: &Command, args: &[Bytes]) -> Result<(), String> {
 /// Validates and runs one command for a session: lookup, arity, authentication, MULTI
 /// queueing, then execution on the right thread.
 pub async fn execute(sess: &mut Session, args: Vec<Bytes>) {
-    let Some(cmd) = table().lookup(&args[0]) else {
+    let cmd = table().lookup(&args[0]);
+    execute_resolved(sess, cmd, args).await;
+}
+
+/// `execute` for a caller that already looked the command up.
+pub async fn execute_resolved(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
+    let Some(cmd) = cmd else {
         let msg = unknown_command_error(&args);
-        sess.reject(&msg);
+        sess.reject_bytes(&msg);
         return;
     };
     if !cmd.arity_ok(args.len()) {

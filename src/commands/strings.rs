@@ -5,18 +5,17 @@
 //! searches, bitfields, LCS) are plain functions over byte slices, shared by the
 //! single-shard and cross-shard forms and tested on their own.
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 
 use crate::commands::arity_error;
 use crate::commands::util::{parse_i64, NOT_INT, OVERFLOW, SYNTAX_ERR};
 use crate::protocol::reply::Reply;
-use crate::shard::{ExecCtx, Shard, Worker};
+use crate::shard::{ExecCtx, Shard, Shared, Worker};
 use crate::types::longdouble;
 use crate::types::table::Entry;
 use crate::types::value::{parse_canonical_i64, StrValue, Value, WRONGTYPE};
-
-/// Redis's default `proto-max-bulk-len`: the longest string a command may build.
-const PROTO_MAX_BULK_LEN: u64 = 512 * 1024 * 1024;
 
 const STRING_TOO_LONG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
 const BIT_OFFSET_ERR: &str = "ERR bit offset is not an integer or out of range";
@@ -40,7 +39,6 @@ const LCS_MEMORY_ERR: &str =
 // ---------------------------------------------------------------------------------------
 
 /// The string held by a value, or None for another type.
-#[allow(unreachable_patterns)]
 fn str_ref(v: &Value) -> Option<&StrValue> {
     match v {
         Value::Str(s) => Some(s),
@@ -48,7 +46,6 @@ fn str_ref(v: &Value) -> Option<&StrValue> {
     }
 }
 
-#[allow(unreachable_patterns)]
 fn str_mut(v: &mut Value) -> Option<&mut StrValue> {
     match v {
         Value::Str(s) => Some(s),
@@ -56,13 +53,10 @@ fn str_mut(v: &mut Value) -> Option<&mut StrValue> {
     }
 }
 
-/// `ExecCtx::get_read` (`read`) or `ExecCtx::get`, handing back the reply buffer beside
-/// the entry so a value can be written into the reply straight from the table.
-fn lookup<'c>(
-    ctx: &'c mut ExecCtx<'_>,
-    key: &[u8],
-    read: bool,
-) -> (Option<&'c mut Entry>, &'c mut Reply) {
+/// `ExecCtx::get_read` (a read lookup: lazy expiry, a keyspace hit or miss, the access
+/// time) that also hands back the reply buffer, so a value can be written into the reply
+/// straight from the table without a copy or a second lookup.
+fn lookup<'c>(ctx: &'c mut ExecCtx<'_>, key: &[u8]) -> (Option<&'c mut Entry>, &'c mut Reply) {
     let lru = ctx.shard.lru_clock();
     let ExecCtx {
         shard,
@@ -74,19 +68,19 @@ fn lookup<'c>(
         misses,
         ..
     } = ctx;
-    let entry = shard.lookup(*db, key, *now_ms);
-    match &entry {
-        Some(_) if read => *hits += 1,
-        None if read => *misses += 1,
-        _ => {}
-    }
-    let entry = entry.map(|e| {
-        if !*no_touch {
-            e.lru = lru;
+    match shard.lookup(*db, key, *now_ms) {
+        Some(e) => {
+            *hits += 1;
+            if !*no_touch {
+                e.lru = lru;
+            }
+            (Some(e), &mut **out)
         }
-        e
-    });
-    (entry, &mut **out)
+        None => {
+            *misses += 1;
+            (None, &mut **out)
+        }
+    }
 }
 
 /// What `reply_string` found.
@@ -132,10 +126,16 @@ fn opt_is(arg: &[u8], word: &str) -> bool {
     arg[..end].eq_ignore_ascii_case(word.as_bytes())
 }
 
-/// Redis's `checkStringLength`: refuses results longer than proto-max-bulk-len.
-fn check_string_length(size: u64, append: u64) -> Result<(), &'static str> {
+/// The configured proto-max-bulk-len: the longest string a command may build, and the
+/// bound of bit offsets and of LCS's working memory.
+fn max_bulk(shared: &Shared) -> u64 {
+    shared.tunables.proto_max_bulk_len.load(Ordering::Relaxed) as u64
+}
+
+/// Redis's `checkStringLength`: refuses results longer than proto-max-bulk-len (`max`).
+fn check_string_length(size: u64, append: u64, max: u64) -> Result<(), &'static str> {
     match size.checked_add(append) {
-        Some(total) if total <= PROTO_MAX_BULK_LEN => Ok(()),
+        Some(total) if total <= max => Ok(()),
         _ => Err(STRING_TOO_LONG),
     }
 }
@@ -202,7 +202,7 @@ fn pick(args: &[Bytes], positions: &[usize]) -> Vec<Bytes> {
 // ---------------------------------------------------------------------------------------
 
 pub fn get(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     reply_string(out, entry);
 }
 
@@ -299,9 +299,7 @@ fn expire_at(arg: &[u8], kind: ExpireKind, now_ms: u64) -> Result<u64, ExpireErr
     }
     let mut ms = if kind.seconds() { v * 1000 } else { v };
     if kind.relative() {
-        ms = ms
-            .checked_add(now_ms as i64)
-            .ok_or(ExpireError::Invalid)?;
+        ms = ms.checked_add(now_ms as i64).ok_or(ExpireError::Invalid)?;
     }
     if ms <= 0 {
         return Err(ExpireError::Invalid);
@@ -341,7 +339,7 @@ fn set_generic(
         }
     }
     if o.get {
-        let (entry, out) = lookup(ctx, key, true);
+        let (entry, out) = lookup(ctx, key);
         if reply_string(out, entry) == Found::WrongType {
             return;
         }
@@ -414,7 +412,7 @@ pub fn getex(ctx: &mut ExecCtx, args: &[Bytes]) {
     };
     let key = &args[1][..];
     let now = ctx.now_ms;
-    let (entry, out) = lookup(ctx, key, true);
+    let (entry, out) = lookup(ctx, key);
     let Some(e) = entry else {
         return out.null();
     };
@@ -448,7 +446,7 @@ pub fn getex(ctx: &mut ExecCtx, args: &[Bytes]) {
 }
 
 pub fn getdel(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     if reply_string(out, entry) == Found::String {
         ctx.delete(&args[1]);
     }
@@ -456,7 +454,7 @@ pub fn getdel(ctx: &mut ExecCtx, args: &[Bytes]) {
 
 /// GETSET key value: the old value, and the new one stored without a TTL.
 pub fn getset(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     if reply_string(out, entry) != Found::WrongType {
         ctx.set(&args[1], given(&args[2]), 0);
     }
@@ -469,7 +467,7 @@ pub fn getset(ctx: &mut ExecCtx, args: &[Bytes]) {
 pub fn mget(ctx: &mut ExecCtx, args: &[Bytes]) {
     ctx.out.array(args.len() - 1);
     for key in &args[1..] {
-        let (entry, out) = lookup(ctx, key, true);
+        let (entry, out) = lookup(ctx, key);
         match entry.and_then(|e| str_ref(&e.value)) {
             Some(s) => {
                 let mut scratch = [0u8; 20];
@@ -667,9 +665,10 @@ pub fn incrbyfloat(ctx: &mut ExecCtx, args: &[Bytes]) {
 // ---------------------------------------------------------------------------------------
 
 fn append_to(ctx: &mut ExecCtx, key: &[u8], tail: &[u8]) -> Result<i64, &'static str> {
+    let max = max_bulk(&ctx.shard.shared);
     if let Some(e) = ctx.get(key) {
         let s = str_mut(&mut e.value).ok_or(WRONGTYPE)?;
-        check_string_length(s.len() as u64, tail.len() as u64)?;
+        check_string_length(s.len() as u64, tail.len() as u64, max)?;
         let v = s.make_mut();
         v.extend_from_slice(tail);
         let len = v.len() as i64;
@@ -686,7 +685,7 @@ pub fn append(ctx: &mut ExecCtx, args: &[Bytes]) {
 }
 
 pub fn strlen(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     match entry {
         None => out.int(0),
         Some(e) => match str_ref(&e.value) {
@@ -720,7 +719,7 @@ pub fn getrange(ctx: &mut ExecCtx, args: &[Bytes]) {
         (Ok(s), Ok(e)) => (s, e),
         (Err(e), _) | (_, Err(e)) => return ctx.out.error(e),
     };
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     let Some(e) = entry else {
         return out.bulk(b"");
     };
@@ -735,17 +734,23 @@ pub fn getrange(ctx: &mut ExecCtx, args: &[Bytes]) {
     }
 }
 
-fn set_range(ctx: &mut ExecCtx, key: &[u8], offset: &[u8], value: &[u8]) -> Result<i64, &'static str> {
+fn set_range(
+    ctx: &mut ExecCtx,
+    key: &[u8],
+    offset: &[u8],
+    value: &[u8],
+) -> Result<i64, &'static str> {
     let offset = parse_i64(offset)?;
     if offset < 0 {
         return Err(OFFSET_RANGE_ERR);
     }
+    let max = max_bulk(&ctx.shard.shared);
     if let Some(e) = ctx.get(key) {
         let s = str_mut(&mut e.value).ok_or(WRONGTYPE)?;
         if value.is_empty() {
             return Ok(s.len() as i64);
         }
-        check_string_length(offset as u64, value.len() as u64)?;
+        check_string_length(offset as u64, value.len() as u64, max)?;
         let v = s.make_mut();
         let (start, end) = (offset as usize, offset as usize + value.len());
         if v.len() < end {
@@ -759,7 +764,7 @@ fn set_range(ctx: &mut ExecCtx, key: &[u8], offset: &[u8], value: &[u8]) -> Resu
     if value.is_empty() {
         return Ok(0);
     }
-    check_string_length(offset as u64, value.len() as u64)?;
+    check_string_length(offset as u64, value.len() as u64, max)?;
     let mut v = vec![0u8; offset as usize + value.len()];
     v[offset as usize..].copy_from_slice(value);
     let len = v.len() as i64;
@@ -836,7 +841,7 @@ struct Lcs {
 /// Redis's tie-break (step in `a` only when that keeps a strictly longer LCS), so the
 /// sequence and ranges are the ones Redis reports. With `walk` false only the length is
 /// computed.
-fn lcs(a: &[u8], b: &[u8], walk: bool) -> Lcs {
+fn lcs_compute(a: &[u8], b: &[u8], walk: bool) -> Lcs {
     let w = b.len() + 1;
     if !walk {
         // Two rows are enough for the length alone.
@@ -915,7 +920,7 @@ fn lcs(a: &[u8], b: &[u8], walk: bool) -> Lcs {
 }
 
 /// LCS's reply once both strings are known (missing keys read as empty strings).
-fn lcs_reply(out: &mut Reply, a: &[u8], b: &[u8], opts: &[Bytes]) {
+fn lcs_reply(out: &mut Reply, a: &[u8], b: &[u8], opts: &[Bytes], max: u64) {
     let o = match parse_lcs_options(opts) {
         Ok(o) => o,
         Err(e) => return out.error(e),
@@ -924,10 +929,10 @@ fn lcs_reply(out: &mut Reply, a: &[u8], b: &[u8], opts: &[Bytes]) {
         return out.error(LCS_TOO_LONG);
     }
     let cells = (a.len() as u64 + 1) * (b.len() as u64 + 1);
-    if cells.saturating_mul(4) > PROTO_MAX_BULK_LEN {
+    if cells.saturating_mul(4) > max {
         return out.error(LCS_MEMORY_ERR);
     }
-    let r = lcs(a, b, o.idx || !o.len);
+    let r = lcs_compute(a, b, o.idx || !o.len);
     if o.idx {
         let shown: Vec<&LcsRange> = r
             .ranges
@@ -959,10 +964,11 @@ fn lcs_reply(out: &mut Reply, a: &[u8], b: &[u8], opts: &[Bytes]) {
 }
 
 /// LCS key1 key2 [LEN] [IDX] [MINMATCHLEN n] [WITHMATCHLEN]
-pub fn lcs_cmd(ctx: &mut ExecCtx, args: &[Bytes]) {
+pub fn lcs(ctx: &mut ExecCtx, args: &[Bytes]) {
     let a = read_string(ctx, &args[1]);
     let b = read_string(ctx, &args[2]);
-    lcs_finish(ctx.out, a, b, &args[3..]);
+    let max = max_bulk(&ctx.shard.shared);
+    lcs_finish(ctx.out, a, b, &args[3..], max);
 }
 
 fn lcs_finish(
@@ -970,14 +976,19 @@ fn lcs_finish(
     a: Result<Option<Vec<u8>>, ()>,
     b: Result<Option<Vec<u8>>, ()>,
     opts: &[Bytes],
+    max: u64,
 ) {
     match (a, b) {
-        (Ok(a), Ok(b)) => lcs_reply(out, a.as_deref().unwrap_or(b""), b.as_deref().unwrap_or(b""), opts),
+        (Ok(a), Ok(b)) => lcs_reply(
+            out,
+            a.as_deref().unwrap_or(b""),
+            b.as_deref().unwrap_or(b""),
+            opts,
+            max,
+        ),
         _ => out.error(LCS_TYPE_ERR),
     }
 }
-
-pub use lcs_cmd as lcs;
 
 crate::cross_handler!(lcs_cross, |sess, args, tx| {
     let db = sess.db;
@@ -985,22 +996,25 @@ crate::cross_handler!(lcs_cross, |sess, args, tx| {
     for key in [args[1].clone(), args[2].clone()] {
         let shard = sess.worker.shard_of(&key);
         let r = tx
-            .run(shard, move |sh: &mut Shard| with_ctx(sh, db, |ctx| read_string(ctx, &key)))
+            .run(shard, move |sh: &mut Shard| {
+                with_ctx(sh, db, |ctx| read_string(ctx, &key))
+            })
             .await;
         read.push(r);
     }
     let b = read.pop().expect("two keys read");
     let a = read.pop().expect("two keys read");
-    lcs_finish(&mut sess.out, a, b, &args[3..]);
+    let max = max_bulk(&sess.worker.shared);
+    lcs_finish(&mut sess.out, a, b, &args[3..], max);
 });
 
 // ---------------------------------------------------------------------------------------
 // Bits: SETBIT, GETBIT, BITCOUNT, BITPOS, BITOP
 // ---------------------------------------------------------------------------------------
 
-/// Redis's bit offset argument: a non-negative integer below proto-max-bulk-len bytes.
-/// With `bits` > 0 (BITFIELD) the form `#n` means `n * bits`.
-fn bit_offset(arg: &[u8], bits: u32) -> Result<u64, &'static str> {
+/// Redis's bit offset argument: a non-negative integer below `max` (proto-max-bulk-len)
+/// bytes. With `bits` > 0 (BITFIELD) the form `#n` means `n * bits`.
+fn bit_offset(arg: &[u8], bits: u32, max: u64) -> Result<u64, &'static str> {
     let hash = bits > 0 && arg.first() == Some(&b'#');
     let digits = if hash { &arg[1..] } else { arg };
     let mut v = parse_canonical_i64(digits).ok_or(BIT_OFFSET_ERR)?;
@@ -1008,7 +1022,7 @@ fn bit_offset(arg: &[u8], bits: u32) -> Result<u64, &'static str> {
         // Redis multiplies in (wrapping) 64-bit arithmetic before the range check.
         v = v.wrapping_mul(bits as i64);
     }
-    if v < 0 || (v as u64 >> 3) >= PROTO_MAX_BULK_LEN {
+    if v < 0 || (v as u64 >> 3) >= max {
         return Err(BIT_OFFSET_ERR);
     }
     Ok(v as u64)
@@ -1016,7 +1030,7 @@ fn bit_offset(arg: &[u8], bits: u32) -> Result<u64, &'static str> {
 
 fn set_bit(ctx: &mut ExecCtx, args: &[Bytes]) -> Result<i64, &'static str> {
     let key = &args[1][..];
-    let offset = bit_offset(&args[2], 0)?;
+    let offset = bit_offset(&args[2], 0, max_bulk(&ctx.shard.shared))?;
     let on = parse_canonical_i64(&args[3]).ok_or(BIT_VALUE_ERR)?;
     if on & !1 != 0 {
         return Err(BIT_VALUE_ERR);
@@ -1059,11 +1073,11 @@ pub fn setbit(ctx: &mut ExecCtx, args: &[Bytes]) {
 
 /// GETBIT key offset
 pub fn getbit(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let offset = match bit_offset(&args[2], 0) {
+    let offset = match bit_offset(&args[2], 0, max_bulk(&ctx.shard.shared)) {
         Ok(o) => o,
         Err(e) => return ctx.out.error(e),
     };
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     let Some(e) = entry else {
         return out.int(0);
     };
@@ -1083,7 +1097,11 @@ fn bit_at(p: &[u8], offset: u64) -> bool {
 /// Resolves a BITCOUNT/BITPOS range (byte or bit units; negative counts from the end;
 /// clamped to the string) into an inclusive range of bit positions, None when empty.
 fn bit_range(len: usize, start: i64, end: i64, bit_units: bool) -> Option<(u64, u64)> {
-    let total = if bit_units { len as i64 * 8 } else { len as i64 };
+    let total = if bit_units {
+        len as i64 * 8
+    } else {
+        len as i64
+    };
     let start = if start < 0 { total + start } else { start }.max(0);
     let mut end = if end < 0 { total + end } else { end }.max(0);
     if end >= total {
@@ -1093,7 +1111,11 @@ fn bit_range(len: usize, start: i64, end: i64, bit_units: bool) -> Option<(u64, 
         return None;
     }
     let (s, e) = (start as u64, end as u64);
-    Some(if bit_units { (s, e) } else { (s * 8, e * 8 + 7) })
+    Some(if bit_units {
+        (s, e)
+    } else {
+        (s * 8, e * 8 + 7)
+    })
 }
 
 fn popcount(p: &[u8]) -> u64 {
@@ -1152,7 +1174,7 @@ fn bitcount_of(p: &[u8], range: &[Bytes]) -> Result<i64, &'static str> {
 /// BITCOUNT key [start end [BYTE|BIT]]
 pub fn bitcount(ctx: &mut ExecCtx, args: &[Bytes]) {
     // Redis 7.2 looks the key up before it reads the range.
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     let Some(e) = entry else {
         return out.int(0);
     };
@@ -1235,7 +1257,7 @@ pub fn bitpos(ctx: &mut ExecCtx, args: &[Bytes]) {
         Ok(_) => return ctx.out.error(BITPOS_BIT_ERR),
         Err(e) => return ctx.out.error(e),
     };
-    let (entry, out) = lookup(ctx, &args[1], true);
+    let (entry, out) = lookup(ctx, &args[1]);
     let Some(e) = entry else {
         return out.int(if bit { -1 } else { 0 });
     };
@@ -1417,7 +1439,7 @@ fn field_type(arg: &[u8]) -> Result<(bool, u32), &'static str> {
 
 /// Parses BITFIELD's operations; also returns the highest bit a write touches (None for
 /// a read-only list).
-fn parse_bitfield(args: &[Bytes]) -> Result<(Vec<Field>, Option<u64>), &'static str> {
+fn parse_bitfield(args: &[Bytes], max: u64) -> Result<(Vec<Field>, Option<u64>), &'static str> {
     let mut fields = Vec::new();
     let mut overflow = Overflow::Wrap;
     let mut highest: Option<u64> = None;
@@ -1446,7 +1468,7 @@ fn parse_bitfield(args: &[Bytes]) -> Result<(Vec<Field>, Option<u64>), &'static 
             return Err(SYNTAX_ERR);
         }
         let (signed, bits) = field_type(&args[j + 1])?;
-        let offset = bit_offset(&args[j + 2], bits)?;
+        let offset = bit_offset(&args[j + 2], bits, max)?;
         let op = if is_get {
             FieldOp::Get
         } else {
@@ -1516,7 +1538,9 @@ fn signed_result(value: i64, incr: i64, bits: u32, mode: Overflow) -> Option<i64
     let min = -max - 1;
     let max_incr = (max as u64).wrapping_sub(value as u64) as i64;
     let min_incr = min.wrapping_sub(value);
-    let up = value > max || (bits != 64 && incr > max_incr) || (value >= 0 && incr > 0 && incr > max_incr);
+    let up = value > max
+        || (bits != 64 && incr > max_incr)
+        || (value >= 0 && incr > 0 && incr > max_incr);
     let down = !up
         && (value < min
             || (bits != 64 && incr < min_incr)
@@ -1599,14 +1623,14 @@ fn reply_fields(out: &mut Reply, results: &[Option<i64>]) {
 }
 
 fn bitfield_generic(ctx: &mut ExecCtx, args: &[Bytes], read_only_cmd: bool) {
-    let (fields, highest) = match parse_bitfield(args) {
+    let (fields, highest) = match parse_bitfield(args, max_bulk(&ctx.shard.shared)) {
         Ok(x) => x,
         Err(e) => return ctx.out.error(e),
     };
     let key = &args[1][..];
     let Some(highest) = highest else {
         // Only GETs: read, a missing key reading as zeros.
-        let (entry, out) = lookup(ctx, key, true);
+        let (entry, out) = lookup(ctx, key);
         let mut scratch = [0u8; 20];
         let bytes: &[u8] = match entry {
             None => b"",
@@ -1664,4 +1688,987 @@ pub fn bitfield_ro(ctx: &mut ExecCtx, args: &[Bytes]) {
 }
 
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    type Handler = fn(&mut ExecCtx, &[Bytes]);
+
+    fn shard() -> Shard {
+        Shard::for_tests(1)
+    }
+
+    fn argv(args: &[&[u8]]) -> Vec<Bytes> {
+        args.iter().map(|a| Bytes::copy_from_slice(a)).collect()
+    }
+
+    /// Runs a handler on `sh` and returns its raw RESP2 reply.
+    fn run(sh: &mut Shard, f: Handler, args: &[&str]) -> String {
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        runb(sh, f, &args)
+    }
+
+    fn runb(sh: &mut Shard, f: Handler, args: &[&[u8]]) -> String {
+        let args = argv(args);
+        let mut out = Reply::new(false);
+        let mut ctx = sh.ctx(0, &mut out, 0);
+        f(&mut ctx, &args);
+        String::from_utf8_lossy(&out.buf).into_owned()
+    }
+
+    fn expire_of(sh: &Shard, key: &str) -> Option<u64> {
+        sh.dbs[0].table.get(key.as_bytes()).map(|e| e.expire_at())
+    }
+
+    fn encoding_of(sh: &Shard, key: &str) -> &'static str {
+        sh.dbs[0]
+            .table
+            .get(key.as_bytes())
+            .unwrap()
+            .value
+            .encoding()
+    }
+
+    fn b(v: &[&str]) -> Vec<Bytes> {
+        v.iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect()
+    }
+
+    // --- bitfield ----------------------------------------------------------------------
+
+    /// Reference model: bit-by-bit reads and exact (i128) arithmetic.
+    fn model_get(p: &[u8], offset: u64, bits: u32, signed: bool) -> i128 {
+        let mut v: i128 = 0;
+        for i in 0..bits as u64 {
+            v = (v << 1) | bit_at(p, offset + i) as i128;
+        }
+        if signed && v >= 1i128 << (bits - 1) {
+            v -= 1i128 << bits;
+        }
+        v
+    }
+
+    fn model_limits(bits: u32, signed: bool) -> (i128, i128) {
+        if signed {
+            (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+        } else {
+            (0, (1i128 << bits) - 1)
+        }
+    }
+
+    fn model_fit(v: i128, bits: u32, signed: bool, mode: Overflow) -> Option<i128> {
+        let (min, max) = model_limits(bits, signed);
+        if (min..=max).contains(&v) {
+            return Some(v);
+        }
+        match mode {
+            Overflow::Fail => None,
+            Overflow::Sat => Some(if v > max { max } else { min }),
+            Overflow::Wrap => {
+                let m = v.rem_euclid(1i128 << bits);
+                Some(if signed && m > max {
+                    m - (1i128 << bits)
+                } else {
+                    m
+                })
+            }
+        }
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    #[test]
+    fn bitfield_matches_model_for_every_width_and_mode() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for bits in 1..=64u32 {
+            for signed in [true, false] {
+                if !signed && bits == 64 {
+                    continue;
+                }
+                for mode in [Overflow::Wrap, Overflow::Sat, Overflow::Fail] {
+                    for _ in 0..40 {
+                        let mut p: Vec<u8> = (0..20).map(|_| rng.next() as u8).collect();
+                        let offset = rng.next() % 60 + (bits as u64 % 2); // odd and even
+                        let (min, max) = model_limits(bits, signed);
+                        let old = model_get(&p, offset, bits, signed);
+                        let got = if signed {
+                            get_signed(&p, offset, bits) as i128
+                        } else {
+                            get_unsigned(&p, offset, bits) as i128
+                        };
+                        assert_eq!(got, old, "get bits={bits} signed={signed}");
+                        // INCRBY by a value that sometimes overflows.
+                        let incr = match rng.next() % 4 {
+                            0 => (rng.next() % 8) as i64 - 4,
+                            1 => rng.next() as i64,
+                            2 => (max - old + 1).clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+                            _ => (min - old - 1).clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+                        };
+                        let f = Field {
+                            op: FieldOp::Incr(incr),
+                            signed,
+                            bits,
+                            offset,
+                            overflow: mode,
+                        };
+                        let before = p.clone();
+                        let want = model_fit(old + incr as i128, bits, signed, mode);
+                        let r = run_field(&mut p, &f);
+                        assert_eq!(
+                            r.map(|v| v as i128),
+                            want,
+                            "incr bits={bits} {mode:?} old={old} incr={incr}"
+                        );
+                        match want {
+                            None => assert_eq!(p, before),
+                            Some(w) => {
+                                assert_eq!(model_get(&p, offset, bits, signed), w);
+                                // Bits outside the field are untouched.
+                                for i in 0..160u64 {
+                                    if i < offset || i >= offset + bits as u64 {
+                                        assert_eq!(bit_at(&p, i), bit_at(&before, i));
+                                    }
+                                }
+                            }
+                        }
+                        // SET of an in-range value returns the old value and stores it.
+                        let cur = model_get(&p, offset, bits, signed);
+                        let v = (min + (rng.next() as i128).rem_euclid(max - min + 1)) as i64;
+                        let f = Field {
+                            op: FieldOp::Set(v),
+                            ..f
+                        };
+                        assert_eq!(run_field(&mut p, &f), Some(cur as i64));
+                        assert_eq!(model_get(&p, offset, bits, signed), v as i128);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bitfield_set_out_of_range() {
+        let mut p = vec![0u8; 4];
+        let set = |v: i64, signed: bool, bits: u32, mode: Overflow| Field {
+            op: FieldOp::Set(v),
+            signed,
+            bits,
+            offset: 3,
+            overflow: mode,
+        };
+        // u8: 256 wraps to 0, saturates to 255; -1 reads as a huge unsigned: 255 both ways.
+        assert_eq!(
+            run_field(&mut p, &set(256, false, 8, Overflow::Wrap)),
+            Some(0)
+        );
+        assert_eq!(get_unsigned(&p, 3, 8), 0);
+        run_field(&mut p, &set(256, false, 8, Overflow::Sat));
+        assert_eq!(get_unsigned(&p, 3, 8), 255);
+        run_field(&mut p, &set(-1, false, 8, Overflow::Wrap));
+        assert_eq!(get_unsigned(&p, 3, 8), 255);
+        run_field(&mut p, &set(0, false, 8, Overflow::Wrap));
+        run_field(&mut p, &set(-1, false, 8, Overflow::Sat));
+        assert_eq!(get_unsigned(&p, 3, 8), 255);
+        assert_eq!(run_field(&mut p, &set(-1, false, 8, Overflow::Fail)), None);
+        // i8: 200 wraps to -56, -200 saturates to -128.
+        run_field(&mut p, &set(200, true, 8, Overflow::Wrap));
+        assert_eq!(get_signed(&p, 3, 8), -56);
+        run_field(&mut p, &set(-200, true, 8, Overflow::Sat));
+        assert_eq!(get_signed(&p, 3, 8), -128);
+        // Redis's test counts values this far below the range as overflowing upwards.
+        run_field(&mut p, &set(i64::MIN, true, 8, Overflow::Sat));
+        assert_eq!(get_signed(&p, 3, 8), 127);
+        // i64 INCRBY overflow.
+        let mut q = vec![0u8; 9];
+        let f = |op, mode| Field {
+            op,
+            signed: true,
+            bits: 64,
+            offset: 5,
+            overflow: mode,
+        };
+        run_field(&mut q, &f(FieldOp::Set(i64::MAX), Overflow::Wrap));
+        assert_eq!(
+            run_field(&mut q, &f(FieldOp::Incr(1), Overflow::Wrap)),
+            Some(i64::MIN)
+        );
+        assert_eq!(
+            run_field(&mut q, &f(FieldOp::Incr(-1), Overflow::Sat)),
+            Some(i64::MIN)
+        );
+        assert_eq!(
+            run_field(&mut q, &f(FieldOp::Incr(-1), Overflow::Fail)),
+            None
+        );
+        assert_eq!(get_signed(&q, 5, 64), i64::MIN);
+    }
+
+    #[test]
+    fn bitfield_parsing_and_errors() {
+        let parse = |v: &[&str]| parse_bitfield(&b(v), 512 << 20);
+        let (f, hi) = parse(&[
+            "bitfield", "k", "get", "u8", "#2", "incrby", "i5", "100", "1",
+        ])
+        .unwrap();
+        assert_eq!(f[0].offset, 16);
+        assert_eq!(hi, Some(104));
+        assert_eq!(
+            parse(&["bitfield", "k", "get", "u64", "0"]),
+            Err(BITFIELD_TYPE_ERR)
+        );
+        assert_eq!(
+            parse(&["bitfield", "k", "get", "I8", "0"]),
+            Err(BITFIELD_TYPE_ERR)
+        );
+        assert_eq!(
+            parse(&["bitfield", "k", "get", "i0", "0"]),
+            Err(BITFIELD_TYPE_ERR)
+        );
+        assert!(parse(&["bitfield", "k", "get", "i64", "0"]).is_ok());
+        assert_eq!(
+            parse(&["bitfield", "k", "get", "u8", "-1"]),
+            Err(BIT_OFFSET_ERR)
+        );
+        assert_eq!(
+            parse(&["bitfield", "k", "get", "u8", "#-1"]),
+            Err(BIT_OFFSET_ERR)
+        );
+        assert_eq!(
+            parse(&["bitfield", "k", "get", "u8", "4294967296"]),
+            Err(BIT_OFFSET_ERR)
+        );
+        assert!(parse(&["bitfield", "k", "get", "u8", "4294967295"]).is_ok());
+        assert_eq!(
+            parse(&["bitfield", "k", "set", "u8", "0", "x"]),
+            Err(NOT_INT)
+        );
+        assert_eq!(parse(&["bitfield", "k", "set", "u8", "0"]), Err(SYNTAX_ERR));
+        assert_eq!(
+            parse(&["bitfield", "k", "overflow", "foo"]),
+            Err(BITFIELD_OVERFLOW_ERR)
+        );
+        assert_eq!(parse(&["bitfield", "k", "overflow"]), Err(SYNTAX_ERR));
+        assert_eq!(parse(&["bitfield", "k", "foo"]), Err(SYNTAX_ERR));
+        assert_eq!(parse(&["bitfield", "k"]), Ok((vec![], None)));
+    }
+
+    #[test]
+    fn bitfield_commands() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(
+            run(s, bitfield, &["bitfield", "k", "get", "u8", "0"]),
+            "*1\r\n:0\r\n"
+        );
+        assert!(s.dbs[0].table.get(b"k").is_none());
+        assert_eq!(
+            run(
+                s,
+                bitfield,
+                &["bitfield", "k", "incrby", "i5", "100", "1", "get", "u4", "0"]
+            ),
+            "*2\r\n:1\r\n:0\r\n"
+        );
+        assert_eq!(encoding_of(s, "k"), "raw");
+        // The documented saturating and failing counters.
+        let mut replies = Vec::new();
+        for _ in 0..4 {
+            replies.push(run(
+                s,
+                bitfield,
+                &[
+                    "bitfield", "c", "incrby", "u2", "100", "1", "overflow", "sat", "incrby", "u2",
+                    "102", "1",
+                ],
+            ));
+        }
+        assert_eq!(replies[0], "*2\r\n:1\r\n:1\r\n");
+        assert_eq!(replies[2], "*2\r\n:3\r\n:3\r\n");
+        assert_eq!(replies[3], "*2\r\n:0\r\n:3\r\n");
+        let fail = &[
+            "bitfield", "f", "overflow", "fail", "incrby", "u2", "102", "1",
+        ];
+        for want in [
+            "*1\r\n:1\r\n",
+            "*1\r\n:2\r\n",
+            "*1\r\n:3\r\n",
+            "*1\r\n$-1\r\n",
+        ] {
+            assert_eq!(run(s, bitfield, fail), want);
+        }
+        assert_eq!(
+            run(
+                s,
+                bitfield_ro,
+                &["bitfield_ro", "k", "get", "u8", "0", "set", "u8", "0", "1"]
+            ),
+            format!("-{BITFIELD_RO_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, bitfield_ro, &["bitfield_ro", "k", "get", "i5", "100"]),
+            "*1\r\n:1\r\n"
+        );
+        // Reads past the end are zeros; an int-encoded value reads as its digits.
+        run(s, set, &["set", "n", "1"]);
+        assert_eq!(
+            run(
+                s,
+                bitfield_ro,
+                &["bitfield_ro", "n", "get", "u8", "0", "get", "u8", "8"]
+            ),
+            "*2\r\n:49\r\n:0\r\n"
+        );
+        assert_eq!(encoding_of(s, "n"), "int");
+    }
+
+    // --- bit counting and searching --------------------------------------------------------
+
+    #[test]
+    fn bitcount_ranges() {
+        let p = b"foobar";
+        let count = |v: &[&str]| bitcount_of(p, &b(v));
+        assert_eq!(count(&[]), Ok(26));
+        assert_eq!(count(&["0", "0"]), Ok(4));
+        assert_eq!(count(&["1", "1"]), Ok(6));
+        assert_eq!(count(&["1", "1", "BYTE"]), Ok(6));
+        assert_eq!(count(&["5", "30", "BIT"]), Ok(17));
+        assert_eq!(count(&["-2", "-1"]), Ok(7));
+        assert_eq!(count(&["-1", "-2"]), Ok(0));
+        assert_eq!(count(&["-100", "100"]), Ok(26));
+        assert_eq!(count(&["0", "-1", "bit"]), Ok(26));
+        assert_eq!(count(&["-3", "-1", "bit"]), Ok(1)); // 'r' = 0x72 ends in 010
+        assert_eq!(count(&["3", "2"]), Ok(0));
+        assert_eq!(count(&["0"]), Err(SYNTAX_ERR));
+        assert_eq!(count(&["0", "1", "bits"]), Err(SYNTAX_ERR));
+        assert_eq!(count(&["a", "1"]), Err(NOT_INT));
+        assert_eq!(count(&["0", "1", "bit", "x"]), Err(SYNTAX_ERR));
+        assert_eq!(bitcount_of(b"", &b(&["0", "-1"])), Ok(0));
+        // Every single-bit range agrees with bit_at.
+        for first in 0..48u64 {
+            for last in first..48 {
+                let want = (first..=last).filter(|&i| bit_at(p, i)).count() as u64;
+                assert_eq!(count_bits(p, first, last), want);
+            }
+        }
+    }
+
+    #[test]
+    fn bitpos_ranges() {
+        let pos = |p: &[u8], bit: bool, v: &[&str]| bitpos_of(p, bit, &b(v));
+        assert_eq!(pos(b"\xff\xf0\x00", false, &[]), Ok(12));
+        assert_eq!(pos(b"\x00\xff\xf0", true, &["0"]), Ok(8));
+        assert_eq!(pos(b"\x00\xff\xf0", true, &["2"]), Ok(16));
+        assert_eq!(pos(b"\x00\xff\xf0", true, &["2", "-1", "BYTE"]), Ok(16));
+        assert_eq!(pos(b"\x00\xff\xf0", true, &["7", "15", "BIT"]), Ok(8));
+        assert_eq!(pos(b"\x00\xff\xf0", true, &["7", "-3", "bit"]), Ok(8));
+        assert_eq!(pos(b"\x00\x00\x00", true, &[]), Ok(-1));
+        assert_eq!(pos(b"\x00\x00\x00", true, &["7", "-3", "BIT"]), Ok(-1));
+        // Clear bits: past the end when no end is given, -1 when one is.
+        assert_eq!(pos(b"\xff\xff\xff", false, &[]), Ok(24));
+        assert_eq!(pos(b"\xff\xff\xff", false, &["1"]), Ok(24));
+        assert_eq!(pos(b"\xff\xff\xff", false, &["0", "-1"]), Ok(-1));
+        assert_eq!(pos(b"\xff\xff\xff", false, &["0", "100"]), Ok(-1));
+        assert_eq!(pos(b"\xff\xff\xff", false, &["3", "5", "bit"]), Ok(-1));
+        assert_eq!(pos(b"\xff\xfe\xff", false, &["3", "-1", "bit"]), Ok(15));
+        assert_eq!(pos(b"", false, &[]), Ok(-1));
+        assert_eq!(pos(b"", true, &[]), Ok(-1));
+        assert_eq!(pos(b"\xff", true, &["2", "1"]), Ok(-1));
+        assert_eq!(pos(b"\x01", true, &["0", "0", "x"]), Err(SYNTAX_ERR));
+        assert_eq!(pos(b"\x01", true, &["0", "y", "x"]), Err(SYNTAX_ERR));
+        assert_eq!(pos(b"\x01", true, &["0", "y", "bit"]), Err(NOT_INT));
+        assert_eq!(pos(b"\x01", true, &["0", "0", "bit", "x"]), Err(SYNTAX_ERR));
+        // Exhaustive agreement with a bit-by-bit search on a long pattern.
+        let mut p = vec![0u8; 40];
+        p[17] = 0x10;
+        p[30] = 0xef;
+        let q: Vec<u8> = p.iter().map(|x| !x).collect();
+        for first in (0..320u64).step_by(3) {
+            for last in (first..320).step_by(5) {
+                let want = (first..=last).find(|&i| bit_at(&p, i));
+                assert_eq!(find_bit(&p, first, last, true), want);
+                let want0 = (first..=last).find(|&i| !bit_at(&q, i));
+                assert_eq!(find_bit(&q, first, last, false), want0);
+            }
+        }
+    }
+
+    #[test]
+    fn bit_commands() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(run(s, setbit, &["setbit", "k", "7", "1"]), ":0\r\n");
+        assert_eq!(run(s, setbit, &["setbit", "k", "7", "1"]), ":1\r\n");
+        assert_eq!(run(s, get, &["get", "k"]), "$1\r\n\x01\r\n");
+        assert_eq!(
+            run(s, setbit, &["setbit", "k", "x", "1"]),
+            format!("-{BIT_OFFSET_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, setbit, &["setbit", "k", "-1", "1"]),
+            format!("-{BIT_OFFSET_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, setbit, &["setbit", "k", "4294967296", "1"]),
+            format!("-{BIT_OFFSET_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, setbit, &["setbit", "k", "1", "2"]),
+            format!("-{BIT_VALUE_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, setbit, &["setbit", "k", "1", "-1"]),
+            format!("-{BIT_VALUE_ERR}\r\n")
+        );
+        assert_eq!(run(s, getbit, &["getbit", "k", "7"]), ":1\r\n");
+        assert_eq!(run(s, getbit, &["getbit", "k", "100"]), ":0\r\n");
+        assert_eq!(run(s, getbit, &["getbit", "nokey", "100"]), ":0\r\n");
+        assert_eq!(
+            run(s, getbit, &["getbit", "nokey", "-1"]),
+            format!("-{BIT_OFFSET_ERR}\r\n")
+        );
+        // SETBIT keeps the TTL and makes the value raw.
+        run(s, set, &["set", "t", "12", "ex", "100"]);
+        assert_eq!(encoding_of(s, "t"), "int");
+        run(s, setbit, &["setbit", "t", "0", "0"]);
+        assert_eq!(encoding_of(s, "t"), "raw");
+        assert!(expire_of(s, "t").unwrap() > 0);
+        // BITCOUNT and BITPOS look the key up first (Redis 7.2).
+        assert_eq!(run(s, bitcount, &["bitcount", "nokey", "0"]), ":0\r\n");
+        assert_eq!(
+            run(s, bitcount, &["bitcount", "k", "0"]),
+            "-ERR syntax error\r\n"
+        );
+        assert_eq!(run(s, bitcount, &["bitcount", "k"]), ":1\r\n");
+        assert_eq!(run(s, bitpos, &["bitpos", "nokey", "1", "x"]), ":-1\r\n");
+        assert_eq!(run(s, bitpos, &["bitpos", "nokey", "0"]), ":0\r\n");
+        assert_eq!(
+            run(s, bitpos, &["bitpos", "nokey", "2"]),
+            format!("-{BITPOS_BIT_ERR}\r\n")
+        );
+        assert_eq!(run(s, bitpos, &["bitpos", "k", "1"]), ":7\r\n");
+        assert_eq!(
+            run(s, bitpos, &["bitpos", "k", "1", "0", "-1", "bit", "x"]),
+            "-ERR syntax error\r\n"
+        );
+        // BITOP.
+        run(s, set, &["set", "a", "abc"]);
+        run(s, set, &["set", "bb", "\u{1}"]);
+        assert_eq!(run(s, bitop, &["bitop", "and", "d", "a", "bb"]), ":3\r\n");
+        assert_eq!(run(s, get, &["get", "d"]), "$3\r\n\x01\x00\x00\r\n");
+        assert_eq!(
+            run(s, bitop, &["bitop", "or", "d", "a", "bb", "missing"]),
+            ":3\r\n"
+        );
+        assert_eq!(run(s, get, &["get", "d"]), "$3\r\nabc\r\n");
+        assert_eq!(run(s, bitop, &["bitop", "xor", "d", "a", "a"]), ":3\r\n");
+        assert_eq!(run(s, get, &["get", "d"]), "$3\r\n\x00\x00\x00\r\n");
+        assert_eq!(runb(s, bitop, &[b"bitop", b"not", b"d", b"bb"]), ":1\r\n");
+        assert_eq!(runb(s, get, &[b"get", b"d"]), "$1\r\n\u{fffd}\r\n");
+        assert_eq!(
+            run(s, bitop, &["bitop", "not", "d", "a", "bb"]),
+            format!("-{BITOP_NOT_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, bitop, &["bitop", "nand", "d", "a"]),
+            "-ERR syntax error\r\n"
+        );
+        assert_eq!(run(s, bitop, &["bitop", "and", "d", "m1", "m2"]), ":0\r\n");
+        assert!(s.dbs[0].table.get(b"d").is_none());
+        assert_eq!(
+            bitop_compute(
+                BitOp::And,
+                &[Some(b"\xff\xff".to_vec()), Some(b"\x0f".to_vec())]
+            ),
+            b"\x0f\x00"
+        );
+        assert_eq!(
+            bitop_compute(BitOp::Or, &[None, Some(b"\x0f".to_vec())]),
+            b"\x0f"
+        );
+    }
+
+    // --- LCS ---------------------------------------------------------------------------
+
+    #[test]
+    fn lcs_matches_redis_examples() {
+        let r = lcs_compute(b"ohmytext", b"mynewtext", true);
+        assert_eq!(r.seq, b"mytext");
+        assert_eq!(r.len, 6);
+        assert_eq!(
+            r.ranges,
+            vec![
+                LcsRange {
+                    a: (4, 7),
+                    b: (5, 8)
+                },
+                LcsRange {
+                    a: (2, 3),
+                    b: (0, 1)
+                }
+            ]
+        );
+        assert_eq!(lcs_compute(b"ohmytext", b"mynewtext", false).len, 6);
+        assert_eq!(lcs_compute(b"", b"abc", true).len, 0);
+        assert_eq!(
+            lcs_compute(b"abc", b"abc", true).ranges,
+            vec![LcsRange {
+                a: (0, 2),
+                b: (0, 2)
+            }]
+        );
+        // Length-only and full computations agree.
+        let mut rng = Rng(42);
+        for _ in 0..200 {
+            let a: Vec<u8> = (0..rng.next() % 30)
+                .map(|_| b'a' + (rng.next() % 3) as u8)
+                .collect();
+            let c: Vec<u8> = (0..rng.next() % 30)
+                .map(|_| b'a' + (rng.next() % 3) as u8)
+                .collect();
+            let full = lcs_compute(&a, &c, true);
+            assert_eq!(full.len, lcs_compute(&a, &c, false).len);
+            assert_eq!(full.seq.len(), full.len);
+            let covered: usize = full.ranges.iter().map(|m| m.len()).sum();
+            assert_eq!(covered, full.len);
+        }
+    }
+
+    #[test]
+    fn lcs_command_replies() {
+        let mut sh = shard();
+        let s = &mut sh;
+        run(s, set, &["set", "key1", "ohmytext"]);
+        run(s, set, &["set", "key2", "mynewtext"]);
+        assert_eq!(run(s, lcs, &["lcs", "key1", "key2"]), "$6\r\nmytext\r\n");
+        assert_eq!(run(s, lcs, &["lcs", "key1", "key2", "LEN"]), ":6\r\n");
+        assert_eq!(
+            run(s, lcs, &["lcs", "key1", "key2", "IDX"]),
+            "*4\r\n$7\r\nmatches\r\n*2\r\n*2\r\n*2\r\n:4\r\n:7\r\n*2\r\n:5\r\n:8\r\n*2\r\n*2\r\n:2\r\n:3\r\n*2\r\n:0\r\n:1\r\n$3\r\nlen\r\n:6\r\n"
+        );
+        assert_eq!(
+            run(s, lcs, &["lcs", "key1", "key2", "IDX", "MINMATCHLEN", "4", "WITHMATCHLEN"]),
+            "*4\r\n$7\r\nmatches\r\n*1\r\n*3\r\n*2\r\n:4\r\n:7\r\n*2\r\n:5\r\n:8\r\n:4\r\n$3\r\nlen\r\n:6\r\n"
+        );
+        assert_eq!(
+            run(s, lcs, &["lcs", "key1", "key2", "IDX", "LEN"]),
+            format!("-{LCS_BOTH_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, lcs, &["lcs", "key1", "key2", "MINMATCHLEN"]),
+            "-ERR syntax error\r\n"
+        );
+        assert_eq!(
+            run(s, lcs, &["lcs", "key1", "key2", "MINMATCHLEN", "x"]),
+            format!("-{NOT_INT}\r\n")
+        );
+        assert_eq!(run(s, lcs, &["lcs", "key1", "nokey"]), "$0\r\n\r\n");
+        let big = "a".repeat(12000);
+        run(s, set, &["set", "big", &big]);
+        assert_eq!(
+            run(s, lcs, &["lcs", "big", "big", "LEN"]),
+            format!("-{LCS_MEMORY_ERR}\r\n")
+        );
+    }
+
+    // --- SET family and counters ----------------------------------------------------------
+
+    #[test]
+    fn set_option_rules() {
+        let ok = |v: &[&str], set: bool| parse_set_options(&b(v), set).is_ok();
+        assert!(ok(&["nx", "get", "ex", "10"], true));
+        assert!(ok(&["NX", "nx"], true));
+        assert!(ok(&["ex", "1", "EX", "2"], true));
+        assert!(ok(&["keepttl", "xx"], true));
+        assert!(!ok(&["nx", "xx"], true));
+        assert!(!ok(&["xx", "nx"], true));
+        assert!(!ok(&["ex", "1", "px", "2"], true));
+        assert!(!ok(&["keepttl", "ex", "1"], true));
+        assert!(!ok(&["px", "1", "keepttl"], true));
+        assert!(!ok(&["ex"], true));
+        assert!(!ok(&["persist"], true));
+        assert!(!ok(&["foo"], true));
+        assert!(ok(&["persist"], false));
+        assert!(ok(&["exat", "1"], false));
+        assert!(!ok(&["persist", "ex", "1"], false));
+        assert!(!ok(&["keepttl"], false));
+        assert!(!ok(&["get"], false));
+        assert!(!ok(&["nx"], false));
+        let args = b(&["ex", "x", "ex", "20"]);
+        let o = parse_set_options(&args, true).unwrap();
+        assert_eq!(o.expire, Some((ExpireKind::Ex, &b"20"[..])));
+    }
+
+    #[test]
+    fn expire_arguments() {
+        let now = 1_700_000_000_000;
+        assert_eq!(expire_at(b"10", ExpireKind::Ex, now), Ok(now + 10_000));
+        assert_eq!(expire_at(b"10", ExpireKind::Px, now), Ok(now + 10));
+        assert_eq!(expire_at(b"10", ExpireKind::ExAt, now), Ok(10_000));
+        assert_eq!(expire_at(b"10", ExpireKind::PxAt, now), Ok(10));
+        assert_eq!(
+            expire_at(b"0", ExpireKind::Ex, now),
+            Err(ExpireError::Invalid)
+        );
+        assert_eq!(
+            expire_at(b"-5", ExpireKind::PxAt, now),
+            Err(ExpireError::Invalid)
+        );
+        assert_eq!(
+            expire_at(b"x", ExpireKind::Ex, now),
+            Err(ExpireError::NotInt)
+        );
+        assert_eq!(
+            expire_at(b"9223372036854775", ExpireKind::ExAt, now),
+            Ok(9_223_372_036_854_775_000)
+        );
+        assert_eq!(
+            expire_at(b"9223372036854776", ExpireKind::ExAt, now),
+            Err(ExpireError::Invalid)
+        );
+        assert_eq!(
+            expire_at(b"9223372036854775807", ExpireKind::Px, now),
+            Err(ExpireError::Invalid)
+        );
+        assert_eq!(
+            expire_at(b"9223372036854775807", ExpireKind::PxAt, now),
+            Ok(i64::MAX as u64)
+        );
+    }
+
+    #[test]
+    fn set_family_commands() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(run(s, set, &["set", "k", "v"]), "+OK\r\n");
+        assert_eq!(run(s, get, &["get", "k"]), "$1\r\nv\r\n");
+        assert_eq!(run(s, get, &["get", "nokey"]), "$-1\r\n");
+        assert_eq!(run(s, set, &["set", "k", "v2", "nx"]), "$-1\r\n");
+        assert_eq!(run(s, set, &["set", "k", "v2", "nx", "get"]), "$1\r\nv\r\n");
+        assert_eq!(run(s, set, &["set", "k", "v2", "xx", "get"]), "$1\r\nv\r\n");
+        assert_eq!(run(s, get, &["get", "k"]), "$2\r\nv2\r\n");
+        assert_eq!(run(s, set, &["set", "n", "v", "xx"]), "$-1\r\n");
+        assert_eq!(run(s, set, &["set", "n", "v", "get"]), "$-1\r\n");
+        assert_eq!(
+            run(s, set, &["set", "k", "v", "ex", "0"]),
+            "-ERR invalid expire time in 'set' command\r\n"
+        );
+        assert_eq!(
+            run(s, set, &["set", "k", "v", "px", "-1"]),
+            "-ERR invalid expire time in 'set' command\r\n"
+        );
+        assert_eq!(
+            run(s, set, &["set", "k", "v", "ex", "1.5"]),
+            format!("-{NOT_INT}\r\n")
+        );
+        assert_eq!(
+            run(s, set, &["set", "k", "v", "ex", "9223372036854775807"]),
+            "-ERR invalid expire time in 'set' command\r\n"
+        );
+        assert_eq!(
+            run(s, set, &["set", "k", "v", "nx", "xx"]),
+            "-ERR syntax error\r\n"
+        );
+        // TTLs: EX sets, KEEPTTL keeps, plain SET clears.
+        run(s, set, &["set", "k", "v", "ex", "100"]);
+        let t = expire_of(s, "k").unwrap();
+        assert!(t > 0);
+        run(s, set, &["set", "k", "w", "keepttl"]);
+        assert_eq!(expire_of(s, "k"), Some(t));
+        run(s, set, &["set", "k", "w"]);
+        assert_eq!(expire_of(s, "k"), Some(0));
+        // A past absolute time leaves nothing readable.
+        assert_eq!(run(s, set, &["set", "p", "v", "pxat", "1"]), "+OK\r\n");
+        assert_eq!(run(s, get, &["get", "p"]), "$-1\r\n");
+        // SETNX / SETEX / PSETEX.
+        assert_eq!(run(s, setnx, &["setnx", "x", "1"]), ":1\r\n");
+        assert_eq!(run(s, setnx, &["setnx", "x", "2"]), ":0\r\n");
+        assert_eq!(
+            run(s, setex, &["setex", "x", "0", "v"]),
+            "-ERR invalid expire time in 'setex' command\r\n"
+        );
+        assert_eq!(
+            run(s, psetex, &["psetex", "x", "-3", "v"]),
+            "-ERR invalid expire time in 'psetex' command\r\n"
+        );
+        assert_eq!(
+            run(s, setex, &["setex", "x", "abc", "v"]),
+            format!("-{NOT_INT}\r\n")
+        );
+        assert_eq!(run(s, setex, &["setex", "x", "100", "v"]), "+OK\r\n");
+        assert!(expire_of(s, "x").unwrap() > 0);
+        // GETSET clears the TTL; GETDEL deletes.
+        assert_eq!(run(s, getset, &["getset", "x", "w"]), "$1\r\nv\r\n");
+        assert_eq!(expire_of(s, "x"), Some(0));
+        assert_eq!(run(s, getset, &["getset", "newkey", "w"]), "$-1\r\n");
+        assert_eq!(run(s, getdel, &["getdel", "x"]), "$1\r\nw\r\n");
+        assert_eq!(run(s, getdel, &["getdel", "x"]), "$-1\r\n");
+        // Encodings follow Redis.
+        run(s, set, &["set", "e", "12345"]);
+        assert_eq!(encoding_of(s, "e"), "int");
+        run(s, set, &["set", "e", "012"]);
+        assert_eq!(encoding_of(s, "e"), "embstr");
+    }
+
+    #[test]
+    fn getex_variants() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(run(s, getex, &["getex", "k", "ex", "-1"]), "$-1\r\n");
+        run(s, set, &["set", "k", "v"]);
+        assert_eq!(
+            run(s, getex, &["getex", "k", "ex", "-1"]),
+            "-ERR invalid expire time in 'getex' command\r\n"
+        );
+        assert_eq!(
+            run(s, getex, &["getex", "k", "keepttl"]),
+            "-ERR syntax error\r\n"
+        );
+        assert_eq!(run(s, getex, &["getex", "k", "ex", "100"]), "$1\r\nv\r\n");
+        assert!(expire_of(s, "k").unwrap() > 0);
+        assert_eq!(run(s, getex, &["getex", "k", "persist"]), "$1\r\nv\r\n");
+        assert_eq!(expire_of(s, "k"), Some(0));
+        assert_eq!(run(s, getex, &["getex", "k"]), "$1\r\nv\r\n");
+        assert_eq!(run(s, getex, &["getex", "k", "pxat", "1"]), "$1\r\nv\r\n");
+        assert!(s.dbs[0].table.get(b"k").is_none());
+    }
+
+    #[test]
+    fn mget_mset() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(
+            run(s, mset, &["mset", "a", "1", "b", "2", "a", "3"]),
+            "+OK\r\n"
+        );
+        assert_eq!(
+            run(s, mget, &["mget", "a", "b", "c"]),
+            "*3\r\n$1\r\n3\r\n$1\r\n2\r\n$-1\r\n"
+        );
+        assert_eq!(
+            run(s, mset, &["mset", "a", "1", "b"]),
+            "-ERR wrong number of arguments for 'mset' command\r\n"
+        );
+        assert_eq!(run(s, msetnx, &["msetnx", "c", "1", "a", "2"]), ":0\r\n");
+        assert!(s.dbs[0].table.get(b"c").is_none());
+        assert_eq!(run(s, msetnx, &["msetnx", "c", "1", "d", "2"]), ":1\r\n");
+        assert_eq!(
+            run(s, msetnx, &["msetnx", "c"]),
+            "-ERR wrong number of arguments for 'msetnx' command\r\n"
+        );
+    }
+
+    #[test]
+    fn counters() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(run(s, incr, &["incr", "n"]), ":1\r\n");
+        assert_eq!(run(s, incrby, &["incrby", "n", "10"]), ":11\r\n");
+        assert_eq!(run(s, decr, &["decr", "n"]), ":10\r\n");
+        assert_eq!(run(s, decrby, &["decrby", "n", "-5"]), ":15\r\n");
+        assert_eq!(
+            run(s, decrby, &["decrby", "n", "-9223372036854775808"]),
+            format!("-{DECR_OVERFLOW}\r\n")
+        );
+        assert_eq!(
+            run(s, incrby, &["incrby", "n", "1.5"]),
+            format!("-{NOT_INT}\r\n")
+        );
+        assert_eq!(
+            run(s, incrby, &["incrby", "n", "9223372036854775807"]),
+            format!("-{OVERFLOW}\r\n")
+        );
+        run(s, set, &["set", "m", "-9223372036854775808"]);
+        assert_eq!(run(s, decr, &["decr", "m"]), format!("-{OVERFLOW}\r\n"));
+        run(s, set, &["set", "f", "1.0"]);
+        assert_eq!(run(s, incr, &["incr", "f"]), format!("-{NOT_INT}\r\n"));
+        run(s, set, &["set", "sp", " 1"]);
+        assert_eq!(run(s, incr, &["incr", "sp"]), format!("-{NOT_INT}\r\n"));
+        // INCR keeps the TTL.
+        run(s, set, &["set", "t", "5", "ex", "100"]);
+        assert_eq!(run(s, incr, &["incr", "t"]), ":6\r\n");
+        assert!(expire_of(s, "t").unwrap() > 0);
+        assert_eq!(encoding_of(s, "t"), "int");
+        // INCRBYFLOAT.
+        run(s, set, &["set", "fl", "10.50"]);
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "fl", "0.1"]),
+            "$4\r\n10.6\r\n"
+        );
+        // 10.6 is inexact in long double too, and 17 decimals show it (as in Redis).
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "fl", "-5.0e3"]),
+            "$23\r\n-4989.39999999999999991\r\n"
+        );
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "nf", "3.0e3"]),
+            "$4\r\n3000\r\n"
+        );
+        assert_eq!(encoding_of(s, "nf"), "embstr");
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "nf", "abc"]),
+            "-ERR value is not a valid float\r\n"
+        );
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "nf", "inf"]),
+            "-ERR increment would produce NaN or Infinity\r\n"
+        );
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "n", "1"]),
+            "$2\r\n16\r\n"
+        );
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "sp", "1"]),
+            "-ERR value is not a valid float\r\n"
+        );
+        run(s, set, &["set", "t", "5", "px", "100000"]);
+        run(s, incrbyfloat, &["incrbyfloat", "t", "0.5"]);
+        assert!(expire_of(s, "t").unwrap() > 0);
+        // "1\0002" is not a float.
+        run(s, set, &["set", "z", "1"]);
+        run(s, setrange, &["setrange", "z", "2", "2"]);
+        assert_eq!(
+            run(s, incrbyfloat, &["incrbyfloat", "z", "1"]),
+            "-ERR value is not a valid float\r\n"
+        );
+    }
+
+    #[test]
+    fn ranges_and_appends() {
+        let mut sh = shard();
+        let s = &mut sh;
+        assert_eq!(run(s, append, &["append", "k", "Hello"]), ":5\r\n");
+        assert_eq!(encoding_of(s, "k"), "embstr");
+        assert_eq!(run(s, append, &["append", "k", " World"]), ":11\r\n");
+        assert_eq!(encoding_of(s, "k"), "raw");
+        assert_eq!(run(s, strlen, &["strlen", "k"]), ":11\r\n");
+        assert_eq!(run(s, strlen, &["strlen", "nokey"]), ":0\r\n");
+        assert_eq!(
+            run(s, getrange, &["getrange", "k", "0", "4"]),
+            "$5\r\nHello\r\n"
+        );
+        assert_eq!(
+            run(s, getrange, &["getrange", "k", "-5", "-1"]),
+            "$5\r\nWorld\r\n"
+        );
+        assert_eq!(
+            run(s, getrange, &["getrange", "k", "-1", "-5"]),
+            "$0\r\n\r\n"
+        );
+        assert_eq!(run(s, getrange, &["getrange", "k", "5", "3"]), "$0\r\n\r\n");
+        assert_eq!(
+            run(s, getrange, &["getrange", "k", "0", "100"]),
+            "$11\r\nHello World\r\n"
+        );
+        assert_eq!(
+            run(s, getrange, &["getrange", "k", "-100", "0"]),
+            "$1\r\nH\r\n"
+        );
+        assert_eq!(
+            run(s, getrange, &["getrange", "nokey", "0", "1"]),
+            "$0\r\n\r\n"
+        );
+        assert_eq!(
+            run(s, getrange, &["getrange", "nokey", "x", "1"]),
+            format!("-{NOT_INT}\r\n")
+        );
+        run(s, set, &["set", "i", "12345"]);
+        assert_eq!(
+            run(s, getrange, &["getrange", "i", "1", "2"]),
+            "$2\r\n23\r\n"
+        );
+        assert_eq!(
+            run(s, setrange, &["setrange", "k", "6", "Redis"]),
+            ":11\r\n"
+        );
+        assert_eq!(run(s, get, &["get", "k"]), "$11\r\nHello Redis\r\n");
+        assert_eq!(run(s, setrange, &["setrange", "new", "3", "ab"]), ":5\r\n");
+        assert_eq!(run(s, get, &["get", "new"]), "$5\r\n\x00\x00\x00ab\r\n");
+        assert_eq!(encoding_of(s, "new"), "raw");
+        assert_eq!(run(s, setrange, &["setrange", "none", "3", ""]), ":0\r\n");
+        assert!(s.dbs[0].table.get(b"none").is_none());
+        assert_eq!(run(s, setrange, &["setrange", "i", "1", ""]), ":5\r\n");
+        assert_eq!(encoding_of(s, "i"), "int");
+        assert_eq!(
+            run(s, setrange, &["setrange", "k", "-1", "x"]),
+            format!("-{OFFSET_RANGE_ERR}\r\n")
+        );
+        assert_eq!(
+            run(s, setrange, &["setrange", "k", "536870912", "x"]),
+            format!("-{STRING_TOO_LONG}\r\n")
+        );
+        assert_eq!(
+            run(s, setrange, &["setrange", "k", "536870911", ""]),
+            ":11\r\n"
+        );
+        assert_eq!(substr_range(0, 0, -1), None);
+        assert_eq!(substr_range(3, i64::MIN, i64::MAX), Some((0, 2)));
+    }
+
+    #[test]
+    fn other_types_are_refused_and_left_alone() {
+        let mut sh = shard();
+        let s = &mut sh;
+        let wrong = format!("-{WRONGTYPE}\r\n");
+        let make_list = |s: &mut Shard| {
+            s.dbs[0]
+                .table
+                .insert(b"l", Value::List(Box::default()), 0, 0);
+        };
+        make_list(s);
+        let cases: &[(Handler, &[&str])] = &[
+            (get, &["get", "l"]),
+            (getex, &["getex", "l", "ex", "10"]),
+            (getdel, &["getdel", "l"]),
+            (getset, &["getset", "l", "v"]),
+            (set, &["set", "l", "v", "get"]),
+            (incr, &["incr", "l"]),
+            (decrby, &["decrby", "l", "2"]),
+            (incrbyfloat, &["incrbyfloat", "l", "1"]),
+            (append, &["append", "l", "x"]),
+            (strlen, &["strlen", "l"]),
+            (getrange, &["getrange", "l", "0", "1"]),
+            (setrange, &["setrange", "l", "0", "x"]),
+            (setrange, &["setrange", "l", "0", ""]),
+            (setbit, &["setbit", "l", "0", "1"]),
+            (getbit, &["getbit", "l", "0"]),
+            (bitcount, &["bitcount", "l", "0"]),
+            (bitpos, &["bitpos", "l", "1", "x"]),
+            (bitfield, &["bitfield", "l", "set", "u8", "0", "1"]),
+            (bitfield, &["bitfield", "l", "get", "u8", "0"]),
+            (bitfield_ro, &["bitfield_ro", "l", "get", "u8", "0"]),
+            (bitop, &["bitop", "and", "d", "l"]),
+        ];
+        for (f, args) in cases {
+            assert_eq!(run(s, *f, args), wrong, "{args:?}");
+            assert_eq!(
+                s.dbs[0].table.get(b"l").unwrap().value.type_name(),
+                "list",
+                "{args:?}"
+            );
+        }
+        assert_eq!(
+            run(s, lcs, &["lcs", "l", "x"]),
+            format!("-{LCS_TYPE_ERR}\r\n")
+        );
+        assert_eq!(run(s, mget, &["mget", "l"]), "*1\r\n$-1\r\n");
+        assert_eq!(run(s, setnx, &["setnx", "l", "v"]), ":0\r\n");
+        assert_eq!(run(s, msetnx, &["msetnx", "l", "v"]), ":0\r\n");
+        assert_eq!(run(s, set, &["set", "l", "v", "nx", "get"]), wrong);
+        // Plain SET, MSET and BITOP's destination overwrite any type.
+        assert_eq!(run(s, set, &["set", "l", "v"]), "+OK\r\n");
+        make_list(s);
+        assert_eq!(run(s, mset, &["mset", "l", "v"]), "+OK\r\n");
+        make_list(s);
+        run(s, set, &["set", "src", "a"]);
+        assert_eq!(run(s, bitop, &["bitop", "or", "l", "src"]), ":1\r\n");
+        assert_eq!(run(s, get, &["get", "l"]), "$1\r\na\r\n");
+    }
+}

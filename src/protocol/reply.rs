@@ -103,8 +103,13 @@ impl Reply {
     /// An error reply; `msg` includes its code (`ERR ...`, `WRONGTYPE ...`). Newlines are
     /// replaced so that a message can never break the framing.
     pub fn error(&mut self, msg: &str) {
+        self.error_bytes(msg.as_bytes());
+    }
+
+    /// An error reply whose text may hold any bytes (it echoes client input).
+    pub fn error_bytes(&mut self, msg: &[u8]) {
         self.buf.put_u8(b'-');
-        for b in msg.bytes() {
+        for &b in msg {
             self.buf
                 .put_u8(if b == b'\r' || b == b'\n' { b' ' } else { b });
         }

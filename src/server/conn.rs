@@ -293,18 +293,15 @@ fn migration_target(sess: &Session) -> Option<usize> {
     Some(shard)
 }
 
-/// If `args` is a plain keyed command whose keys all live on one other shard, and it may
-/// be batched with its neighbours, returns it and that shard.
-fn squash_target(sess: &Session, args: &[Bytes]) -> Option<(&'static Command, usize)> {
+/// If `cmd` is a plain keyed command whose keys all live on one other shard, and it may
+/// be batched with its neighbours, returns that shard.
+fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) -> Option<usize> {
+    let cmd = cmd?;
     if sess.multi.is_some()
         || sess.reply_mode != ReplyMode::On
         || !sess.authenticated
         || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
-    {
-        return None;
-    }
-    let cmd = table().lookup(&args[0])?;
-    if !cmd.arity_ok(args.len())
+        || !cmd.arity_ok(args.len())
         || cmd.has(flags::BLOCKING)
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
         || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
@@ -312,7 +309,7 @@ fn squash_target(sess: &Session, args: &[Bytes]) -> Option<(&'static Command, us
         return None;
     }
     match route(sess, cmd, args) {
-        Route::Shard(s) if s != sess.worker.id => Some((cmd, s)),
+        Route::Shard(s) if s != sess.worker.id => Some(s),
         _ => None,
     }
 }
@@ -333,19 +330,21 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
             return;
         }
         crate::commands::connection::wait_if_paused(sess, &args).await;
-        if let Some((cmd, target)) = squash_target(sess, &args) {
+        let cmd = table().lookup(&args[0]);
+        if let Some(target) = squash_target(sess, cmd, &args) {
+            let cmd = cmd.expect("squashable commands are known");
             let mut batch = VecDeque::new();
             sess.note_command(cmd, &args);
             batch.push_back((cmd, args));
             while let Some(next) = iter.peek() {
-                match squash_target(sess, next) {
-                    Some((c, t)) if t == target => {
-                        let args = iter.next().expect("peeked");
-                        sess.note_command(c, &args);
-                        batch.push_back((c, args));
-                    }
-                    _ => break,
+                let next_cmd = table().lookup(&next[0]);
+                if squash_target(sess, next_cmd, next) != Some(target) {
+                    break;
                 }
+                let args = iter.next().expect("peeked");
+                let c = next_cmd.expect("squashable commands are known");
+                sess.note_command(c, &args);
+                batch.push_back((c, args));
             }
             let n = batch.len();
             {
@@ -369,18 +368,19 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
             sess.out.buf.extend_from_slice(&reply.buf);
             continue;
         }
-        if let Some(cmd) = table().lookup(&args[0]) {
-            if cmd.exec_fn().is_some() && cmd.arity_ok(args.len()) && sess.multi.is_none() {
-                if let Route::Shard(s) = route(sess, cmd, &args) {
+        if let Some(c) = cmd {
+            if c.exec_fn().is_some() && c.arity_ok(args.len()) && sess.multi.is_none() {
+                if let Route::Shard(s) = route(sess, c, &args) {
                     note_affinity(sess, s, 1);
                 }
             }
         }
         let mode = sess.reply_mode;
         let mark = sess.out.buf.len();
-        commands::execute(sess, args).await;
+        commands::execute_resolved(sess, cmd, args).await;
         match mode {
-            ReplyMode::Off => sess.out.buf.truncate(mark),
+            // CLIENT REPLY ON answers even though replies were off when it arrived.
+            ReplyMode::Off if sess.reply_mode != ReplyMode::On => sess.out.buf.truncate(mark),
             ReplyMode::Skipping => {
                 sess.out.buf.truncate(mark);
                 if sess.reply_mode == ReplyMode::Skipping {

@@ -47,7 +47,11 @@ impl Session {
     /// Replies an error for a command refused before it ran; inside MULTI it also makes
     /// EXEC fail, as Redis does for errors found while queueing.
     pub fn reject(&mut self, msg: &str) {
-        self.out.error(msg);
+        self.reject_bytes(msg.as_bytes());
+    }
+
+    pub fn reject_bytes(&mut self, msg: &[u8]) {
+        self.out.error_bytes(msg);
         let mut shard = self.worker.shard.borrow_mut();
         let start = self.out.buf.len() - msg.len() - 3;
         shard.stats.record_error(&self.out.buf[start..]);

@@ -70,6 +70,31 @@ impl Shared {
         let _ = boxes[target].send(msg);
     }
 
+    /// A standalone `Shared` for unit tests.
+    #[cfg(test)]
+    pub fn for_tests(nshards: usize) -> Arc<Shared> {
+        let config = Config::default();
+        Arc::new(Shared {
+            placement: Placement::new(nshards, None),
+            mailboxes: OnceLock::new(),
+            tunables: Tunables::new(&config),
+            config: Mutex::new(config),
+            next_client_id: AtomicU64::new(1),
+            next_tx_id: AtomicU64::new(1),
+            connected_clients: AtomicUsize::new(0),
+            monitors: AtomicUsize::new(0),
+            started: Instant::now(),
+            started_unix_ms: unix_ms(),
+            shutting_down: AtomicBool::new(false),
+            used_memory: AtomicUsize::new(0),
+            peak_memory: AtomicUsize::new(0),
+            lastsave_unix: AtomicU64::new(0),
+            active_expire: AtomicBool::new(true),
+            run_id: "0".repeat(40),
+            next_slowlog_id: AtomicU64::new(0),
+        })
+    }
+
     pub fn uptime_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -256,6 +281,17 @@ impl Shard {
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
             ),
         }
+    }
+
+    /// A shard with one database and no commands, for unit tests.
+    #[cfg(test)]
+    pub fn for_tests(databases: usize) -> Shard {
+        Shard::new(
+            0,
+            databases,
+            crate::commands::table().len(),
+            Shared::for_tests(1),
+        )
     }
 
     pub fn random(&self) -> u64 {

@@ -1,4 +1,6 @@
 //! The data structures behind the command families.
 
+pub mod list;
+pub mod longdouble;
 pub mod table;
 pub mod value;

@@ -163,6 +163,7 @@ pub fn parse_canonical_i64(b: &[u8]) -> Option<i64> {
 #[derive(Clone, Debug)]
 pub enum Value {
     Str(StrValue),
+    List(Box<super::list::List>),
 }
 
 impl Value {
@@ -170,12 +171,14 @@ impl Value {
     pub fn type_name(&self) -> &'static str {
         match self {
             Value::Str(_) => "string",
+            Value::List(_) => "list",
         }
     }
 
     pub fn encoding(&self) -> &'static str {
         match self {
             Value::Str(s) => s.encoding(),
+            Value::List(l) => l.encoding(),
         }
     }
 
@@ -183,6 +186,7 @@ impl Value {
     pub fn heap_size(&self) -> usize {
         match self {
             Value::Str(s) => s.heap_size(),
+            Value::List(l) => l.heap_size(),
         }
     }
 }

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Runs every Kite test: `cargo test --release` (unit, integration, differential,
+# malformed-input and concurrency suites) and the real-client suites in tests/clients.
+#
+# Works on a fresh Debian machine as root: installs what is missing (redis-server for
+# the differential tests, redis-py and pytest for the client tests) and skips what is
+# already there. Exits non-zero on any failure.
+#
+# Environment:
+#   KITE_BIN   test this server binary instead of target/release/kite (a path ending in
+#              redis-server runs the whole suite against real Redis, to check the tests)
+#   CARGO_TEST_ARGS  extra arguments for `cargo test` (e.g. "--test differential")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$(pwd)"
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+export DEBIAN_FRONTEND=noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+# Keep the work tree clean (no __pycache__ under tests/clients).
+export PYTHONDONTWRITEBYTECODE=1
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+fi
+
+APT_UPDATED=0
+apt_install() {
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        $SUDO apt-get update -qq >/dev/null
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# --- redis-server (reference for the differential tests) and redis-cli -------------
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    apt_install redis-server redis-tools
+    # The package may start a system instance on 6379; the tests use their own ports,
+    # so stop it to keep the CPU for the tests.
+    if command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl stop redis-server >/dev/null 2>&1 || true
+    fi
+    if command -v service >/dev/null 2>&1; then
+        $SUDO service redis-server stop >/dev/null 2>&1 || true
+    fi
+fi
+log "reference: $(redis-server --version)"
+
+# --- Rust ----------------------------------------------------------------------------
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null 2>&1 || { echo "cargo not found: install Rust (rustup)" >&2; exit 1; }
+
+# --- Python with redis-py >= 5 (RESP3) and pytest ------------------------------------
+py_ready() {
+    "$1" - >/dev/null 2>&1 <<'PY'
+import pytest, redis
+assert int(redis.__version__.split(".")[0]) >= 5
+PY
+}
+if ! command -v python3 >/dev/null 2>&1; then
+    apt_install python3 python3-venv
+fi
+PY=python3
+VENV="$ROOT/target/pytest-venv"
+if ! py_ready "$PY"; then
+    if [ -x "$VENV/bin/python" ] && py_ready "$VENV/bin/python"; then
+        PY="$VENV/bin/python"
+    elif python3 -m pip --version >/dev/null 2>&1 \
+        && python3 -m pip install -q 'redis>=5' pytest >/dev/null 2>&1 \
+        && py_ready python3; then
+        log "installed redis-py and pytest with pip"
+    else
+        # Debian's own python refuses system-wide pip installs (PEP 668): use a venv.
+        log "creating $VENV"
+        mkdir -p "$ROOT/target"
+        if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+            rm -rf "$VENV"
+            apt_install python3-venv python3-pip
+            python3 -m venv "$VENV"
+        fi
+        "$VENV/bin/python" -m pip install -q 'redis>=5' pytest
+        PY="$VENV/bin/python"
+    fi
+fi
+
+# --- cargo test ----------------------------------------------------------------------
+log "cargo test --release ${CARGO_TEST_ARGS:-}"
+# shellcheck disable=SC2086
+cargo test --release ${CARGO_TEST_ARGS:-}
+
+# --- real clients against a running server --------------------------------------------
+if [ -n "${KITE_BIN:-}" ]; then
+    BIN="$KITE_BIN"
+else
+    BIN="$ROOT/target/release/kite"
+fi
+[ -x "$BIN" ] || { echo "server binary $BIN not found" >&2; exit 1; }
+
+PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+SERVER_LOG="$(mktemp -t kite-clients.XXXXXX.log)"
+case "$BIN" in
+    *redis-server) "$BIN" --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >"$SERVER_LOG" 2>&1 & ;;
+    *) "$BIN" --port "$PORT" --bind 127.0.0.1 --threads 2 >"$SERVER_LOG" 2>&1 & ;;
+esac
+SERVER_PID=$!
+cleanup() {
+    kill "$SERVER_PID" >/dev/null 2>&1 || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    rm -f "$SERVER_LOG"
+}
+trap cleanup EXIT
+
+for _ in $(seq 1 100); do
+    if [ "$(redis-cli -p "$PORT" ping 2>/dev/null)" = "PONG" ]; then
+        break
+    fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        echo "server exited during start-up:" >&2
+        cat "$SERVER_LOG" >&2
+        exit 1
+    fi
+    sleep 0.1
+done
+if [ "$(redis-cli -p "$PORT" ping 2>/dev/null)" != "PONG" ]; then
+    echo "server did not answer PING on port $PORT within 10 s:" >&2
+    cat "$SERVER_LOG" >&2
+    exit 1
+fi
+
+log "redis-py suite against $(basename "$BIN") on port $PORT"
+status=0
+KITE_PORT="$PORT" "$PY" -m pytest -q -p no:cacheprovider tests/clients || status=$?
+if [ "$status" -ne 0 ]; then
+    echo "--- server output ---" >&2
+    tail -n 50 "$SERVER_LOG" >&2 || true
+    exit "$status"
+fi
+log "all tests passed"

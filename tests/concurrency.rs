@@ -1,0 +1,459 @@
+//! Invariant tests under several client threads against a multi-threaded Kite.
+//! Every loop is bounded by a count; nothing here measures time.
+
+mod common;
+
+use common::*;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread;
+
+const ACCOUNTS: usize = 20;
+const INITIAL: i64 = 1000;
+
+fn account(i: usize) -> String {
+    // No hashtags: the accounts spread over all shards.
+    format!("acct:{i}")
+}
+
+fn int_of(r: &Resp) -> i64 {
+    r.parse_int()
+        .unwrap_or_else(|| panic!("expected an integer (or integer string), got {r}"))
+}
+
+fn sum_balances(r: &Resp) -> i64 {
+    r.as_array()
+        .unwrap_or_else(|| panic!("expected MGET array, got {r}"))
+        .iter()
+        .map(int_of)
+        .sum()
+}
+
+fn mget_accounts() -> Vec<String> {
+    let mut cmd = vec!["MGET".to_string()];
+    cmd.extend((0..ACCOUNTS).map(account));
+    cmd
+}
+
+fn bank_transfers(threads: usize) {
+    const WRITERS: usize = 8;
+    const TRANSFERS: usize = 300;
+    const READS: usize = 300;
+    let kite = KiteServer::start(&[], threads);
+    let mut c = kite.client();
+    let mut mset = vec!["MSET".to_string()];
+    for i in 0..ACCOUNTS {
+        mset.push(account(i));
+        mset.push(INITIAL.to_string());
+    }
+    assert_eq!(c.cmd(&mset), Resp::ok());
+    let total = INITIAL * ACCOUNTS as i64;
+    let deltas = Mutex::new(vec![0i64; ACCOUNTS]);
+    thread::scope(|s| {
+        for w in 0..WRITERS {
+            let kite = &kite;
+            let deltas = &deltas;
+            s.spawn(move || {
+                let mut c = kite.client();
+                let mut rng = Rng::new(1000 + w as u64);
+                let mut local = vec![0i64; ACCOUNTS];
+                for t in 0..TRANSFERS {
+                    let from = rng.index(ACCOUNTS);
+                    let mut to = rng.index(ACCOUNTS - 1);
+                    if to >= from {
+                        to += 1;
+                    }
+                    let amount = rng.range(1, 50);
+                    let cmds = vec![
+                        vec!["MULTI".to_string()],
+                        vec!["DECRBY".to_string(), account(from), amount.to_string()],
+                        vec!["INCRBY".to_string(), account(to), amount.to_string()],
+                        vec!["EXEC".to_string()],
+                    ];
+                    // Half the transfers pipelined in one write, half one by one.
+                    let replies: Vec<Resp> = if t % 2 == 0 {
+                        c.pipeline(&cmds)
+                    } else {
+                        cmds.iter().map(|cmd| c.cmd(cmd)).collect()
+                    };
+                    assert_eq!(replies[0], Resp::ok(), "MULTI");
+                    assert_eq!(replies[1], Resp::simple("QUEUED"));
+                    assert_eq!(replies[2], Resp::simple("QUEUED"));
+                    let exec = replies[3]
+                        .as_array()
+                        .unwrap_or_else(|| panic!("EXEC returned {}", replies[3]));
+                    assert_eq!(exec.len(), 2, "EXEC returned {}", replies[3]);
+                    assert!(
+                        exec.iter().all(|r| r.as_int().is_some()),
+                        "EXEC returned {}",
+                        replies[3]
+                    );
+                    local[from] -= amount;
+                    local[to] += amount;
+                }
+                let mut d = deltas.lock().unwrap();
+                for (acc, v) in d.iter_mut().zip(local) {
+                    *acc += v;
+                }
+            });
+        }
+        // Reader inside MULTI/EXEC.
+        let kite_ref = &kite;
+        s.spawn(move || {
+            let mut c = kite_ref.client();
+            for i in 0..READS {
+                let replies = c.pipeline(&[
+                    vec!["MULTI".to_string()],
+                    mget_accounts(),
+                    vec!["EXEC".to_string()],
+                ]);
+                let exec = replies[2]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("EXEC returned {}", replies[2]));
+                let sum = sum_balances(&exec[0]);
+                assert_eq!(
+                    sum, total,
+                    "read #{i} in MULTI/EXEC saw a partial transfer: {}",
+                    exec[0]
+                );
+            }
+        });
+        // Plain MGET is atomic too.
+        s.spawn(move || {
+            let mut c = kite_ref.client();
+            for i in 0..READS {
+                let r = c.cmd(&mget_accounts());
+                assert_eq!(
+                    sum_balances(&r),
+                    total,
+                    "plain MGET #{i} saw a partial transfer: {r}"
+                );
+            }
+        });
+    });
+    let r = c.cmd(&mget_accounts());
+    assert_eq!(sum_balances(&r), total, "total not conserved: {r}");
+    let deltas = deltas.into_inner().unwrap();
+    for (i, v) in r.as_array().unwrap().iter().enumerate() {
+        assert_eq!(int_of(v), INITIAL + deltas[i], "balance of {}", account(i));
+    }
+}
+
+#[test]
+fn bank_transfers_conserve_total_threads4() {
+    bank_transfers(4);
+}
+
+#[test]
+fn bank_transfers_conserve_total_threads2() {
+    bank_transfers(2);
+}
+
+fn watch_increments(threads: usize) {
+    const WORKERS: usize = 8;
+    const SUCCESSES: usize = 200;
+    const MAX_ATTEMPTS: usize = 100_000;
+    let kite = KiteServer::start(&[], threads);
+    let mut c = kite.client();
+    assert_eq!(c.cmd(&["SET", "counter", "0"]), Resp::ok());
+    let aborted = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for w in 0..WORKERS {
+            let kite = &kite;
+            let aborted = &aborted;
+            s.spawn(move || {
+                let mut c = kite.client();
+                let mut done = 0;
+                let mut attempts = 0;
+                while done < SUCCESSES {
+                    attempts += 1;
+                    assert!(
+                        attempts <= MAX_ATTEMPTS,
+                        "worker {w}: only {done} successful increments in {MAX_ATTEMPTS} attempts"
+                    );
+                    assert_eq!(c.cmd(&["WATCH", "counter"]), Resp::ok());
+                    let v = int_of(&c.cmd(&["GET", "counter"]));
+                    assert_eq!(c.cmd(&["MULTI"]), Resp::ok());
+                    let next = (v + 1).to_string();
+                    assert_eq!(
+                        c.cmd(&["SET", "counter", next.as_str()]),
+                        Resp::simple("QUEUED")
+                    );
+                    let r = c.cmd(&["EXEC"]);
+                    if r.is_null() {
+                        aborted.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    assert_eq!(r, Resp::Array(vec![Resp::ok()]), "EXEC");
+                    done += 1;
+                }
+            });
+        }
+    });
+    assert_eq!(
+        c.cmd(&["GET", "counter"]),
+        Resp::bulk((WORKERS * SUCCESSES).to_string()),
+        "lost or duplicated increments ({} EXECs aborted)",
+        aborted.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn watch_guarded_increments_threads4() {
+    watch_increments(4);
+}
+
+#[test]
+fn watch_guarded_increments_threads2() {
+    watch_increments(2);
+}
+
+fn mset_mget_atomic(threads: usize) {
+    const KEYS: usize = 16;
+    const WRITERS: usize = 3;
+    const READERS: usize = 3;
+    const ROUNDS: usize = 300;
+    let kite = KiteServer::start(&[], threads);
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("m:{i}")).collect();
+    let mset = |v: &str| {
+        let mut cmd = vec!["MSET".to_string()];
+        for k in &keys {
+            cmd.push(k.clone());
+            cmd.push(v.to_string());
+        }
+        cmd
+    };
+    let mut mget = vec!["MGET".to_string()];
+    mget.extend(keys.iter().cloned());
+    let mut del = vec!["DEL".to_string()];
+    del.extend(keys.iter().cloned());
+    let mut c = kite.client();
+    assert_eq!(c.cmd(&mset("init")), Resp::ok());
+    let check_uniform = |r: &Resp, what: &str| {
+        let vals = r
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: expected an array, got {r}"));
+        assert_eq!(vals.len(), KEYS, "{what}: {r}");
+        assert!(
+            vals.iter().all(|v| v == &vals[0]),
+            "{what} saw a half-applied multi-key write: {r}"
+        );
+    };
+    thread::scope(|s| {
+        for w in 0..WRITERS {
+            let (kite, mset, del) = (&kite, &mset, &del);
+            s.spawn(move || {
+                let mut c = kite.client();
+                for i in 0..ROUNDS {
+                    if i % 25 == 24 {
+                        // Multi-key DEL is atomic as well: all gone or none.
+                        assert!(c.cmd(del).as_int().is_some());
+                    } else {
+                        assert_eq!(c.cmd(&mset(&format!("w{w}-{i}"))), Resp::ok());
+                    }
+                }
+            });
+        }
+        for r in 0..READERS {
+            let (kite, mget, keys, check_uniform) = (&kite, &mget, &keys, &check_uniform);
+            s.spawn(move || {
+                let mut c = kite.client();
+                for i in 0..ROUNDS {
+                    if r == 0 && i % 2 == 0 {
+                        // Individual GETs inside one transaction.
+                        let mut cmds = vec![vec!["MULTI".to_string()]];
+                        cmds.extend(keys.iter().map(|k| vec!["GET".to_string(), k.clone()]));
+                        cmds.push(vec!["EXEC".to_string()]);
+                        let replies = c.pipeline(&cmds);
+                        check_uniform(replies.last().unwrap(), "MULTI/GET.../EXEC");
+                    } else {
+                        check_uniform(&c.cmd(mget), "MGET");
+                    }
+                }
+            });
+        }
+    });
+    check_uniform(&c.cmd(&mget), "final MGET");
+}
+
+#[test]
+fn cross_shard_mset_mget_atomic_threads4() {
+    mset_mget_atomic(4);
+}
+
+#[test]
+fn cross_shard_mset_mget_atomic_threads2() {
+    mset_mget_atomic(2);
+}
+
+fn blocking_pops_exactly_once(threads: usize) {
+    const PRODUCERS: usize = 4;
+    const CONSUMERS: usize = 4;
+    const PER_PRODUCER: usize = 250;
+    const TOTAL: usize = PRODUCERS * PER_PRODUCER;
+    const QUEUES: [&str; 4] = ["q:alpha", "q:beta", "q:gamma", "q:delta"];
+    let kite = KiteServer::start(&[], threads);
+    let popped = AtomicUsize::new(0);
+    let seen = Mutex::new(Vec::<String>::new());
+    thread::scope(|s| {
+        for cons in 0..CONSUMERS {
+            let (kite, popped, seen) = (&kite, &popped, &seen);
+            s.spawn(move || {
+                let mut c = kite.client();
+                let mut mine = Vec::new();
+                let mut rng = Rng::new(77 + cons as u64);
+                // Bounded: at most TOTAL pops plus a few hundred empty timeouts.
+                for _ in 0..(TOTAL + 300) {
+                    if popped.load(Ordering::SeqCst) >= TOTAL {
+                        break;
+                    }
+                    let mut cmd = vec!["BRPOP".to_string()];
+                    let mut qs = QUEUES.to_vec();
+                    rng.shuffle(&mut qs);
+                    cmd.extend(qs.iter().map(|q| q.to_string()));
+                    cmd.push("1".to_string());
+                    let r = c.cmd(&cmd);
+                    if r.is_null() {
+                        continue;
+                    }
+                    let pair = r.as_array().unwrap_or_else(|| panic!("BRPOP returned {r}"));
+                    assert_eq!(pair.len(), 2, "BRPOP returned {r}");
+                    let q = pair[0].as_string().unwrap();
+                    let job = pair[1].as_string().unwrap();
+                    assert!(QUEUES.contains(&q.as_str()), "BRPOP named queue {q}");
+                    assert!(
+                        job.starts_with(&format!("{q}/")),
+                        "job {job} popped from {q}"
+                    );
+                    mine.push(job);
+                    popped.fetch_add(1, Ordering::SeqCst);
+                }
+                seen.lock().unwrap().extend(mine);
+            });
+        }
+        for p in 0..PRODUCERS {
+            let kite = &kite;
+            s.spawn(move || {
+                let mut c = kite.client();
+                let mut rng = Rng::new(500 + p as u64);
+                let mut j = 0;
+                while j < PER_PRODUCER {
+                    let q = *rng.pick(&QUEUES);
+                    // Push 1..=3 jobs at once (LPUSH with several values).
+                    let n = (rng.range(1, 3) as usize).min(PER_PRODUCER - j);
+                    let mut cmd = vec!["LPUSH".to_string(), q.to_string()];
+                    for k in 0..n {
+                        cmd.push(format!("{q}/p{p}-{}", j + k));
+                    }
+                    assert!(c.cmd(&cmd).as_int().is_some());
+                    j += n;
+                }
+            });
+        }
+    });
+    let seen = seen.into_inner().unwrap();
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "some job was popped twice");
+    assert_eq!(
+        seen.len(),
+        TOTAL,
+        "jobs lost: popped {} of {TOTAL}",
+        seen.len()
+    );
+    let mut c = kite.client();
+    for q in QUEUES {
+        assert_eq!(c.cmd(&["LLEN", q]), Resp::Integer(0), "{q} not drained");
+    }
+}
+
+#[test]
+fn blocking_pops_take_each_job_once_threads4() {
+    blocking_pops_exactly_once(4);
+}
+
+#[test]
+fn blocking_pops_take_each_job_once_threads2() {
+    blocking_pops_exactly_once(2);
+}
+
+fn lmove_conserves_elements(threads: usize) {
+    const LISTS: [&str; 4] = ["l:one", "l:two", "l:three", "l:four"];
+    const PER_LIST: usize = 25;
+    const MOVERS: usize = 4;
+    const MOVES: usize = 300;
+    let kite = KiteServer::start(&[], threads);
+    let mut c = kite.client();
+    for l in LISTS {
+        let mut cmd = vec!["RPUSH".to_string(), l.to_string()];
+        cmd.extend((0..PER_LIST).map(|i| format!("{l}-{i}")));
+        assert_eq!(c.cmd(&cmd), Resp::Integer(PER_LIST as i64));
+    }
+    let total = (LISTS.len() * PER_LIST) as i64;
+    thread::scope(|s| {
+        for m in 0..MOVERS {
+            let kite = &kite;
+            s.spawn(move || {
+                let mut c = kite.client();
+                let mut rng = Rng::new(900 + m as u64);
+                for _ in 0..MOVES {
+                    let src = *rng.pick(&LISTS);
+                    let dst = *rng.pick(&LISTS);
+                    let r = if rng.chance(50) {
+                        c.cmd(&[
+                            "LMOVE",
+                            src,
+                            dst,
+                            *rng.pick(&["LEFT", "RIGHT"]),
+                            *rng.pick(&["LEFT", "RIGHT"]),
+                        ])
+                    } else {
+                        c.cmd(&["RPOPLPUSH", src, dst])
+                    };
+                    assert!(!r.is_error(), "move failed: {r}");
+                }
+            });
+        }
+        let kite = &kite;
+        s.spawn(move || {
+            let mut c = kite.client();
+            for i in 0..300 {
+                let mut cmds = vec![vec!["MULTI".to_string()]];
+                cmds.extend(
+                    LISTS
+                        .iter()
+                        .map(|l| vec!["LLEN".to_string(), l.to_string()]),
+                );
+                cmds.push(vec!["EXEC".to_string()]);
+                let replies = c.pipeline(&cmds);
+                let exec = replies.last().unwrap();
+                let sum: i64 = exec
+                    .as_array()
+                    .unwrap_or_else(|| panic!("EXEC returned {exec}"))
+                    .iter()
+                    .map(int_of)
+                    .sum();
+                assert_eq!(sum, total, "read #{i}: elements not conserved: {exec}");
+            }
+        });
+    });
+    let mut all = HashSet::new();
+    let mut count = 0;
+    for l in LISTS {
+        let r = c.cmd(&["LRANGE", l, "0", "-1"]);
+        count += r.as_array().map_or(0, |a| a.len());
+        all.extend(bytes_set(&r));
+    }
+    assert_eq!(count as i64, total, "element count changed");
+    assert_eq!(all.len() as i64, total, "elements lost or duplicated");
+}
+
+#[test]
+fn cross_shard_list_moves_conserve_elements_threads4() {
+    lmove_conserves_elements(4);
+}
+
+#[test]
+fn cross_shard_list_moves_conserve_elements_threads2() {
+    lmove_conserves_elements(2);
+}
