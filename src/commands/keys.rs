@@ -501,26 +501,38 @@ async_handler!(swapdb, |sess, args| {
 
 // ---- Expiry ----
 
-#[derive(Clone, Copy, PartialEq)]
-enum ExpireCond {
-    Always,
-    Nx,
-    Xx,
-    Gt,
-    Lt,
+/// The NX/XX/GT/LT options of the EXPIRE family; XX may be combined with GT or LT.
+#[derive(Clone, Copy, Default)]
+struct ExpireCond {
+    nx: bool,
+    xx: bool,
+    gt: bool,
+    lt: bool,
+}
+
+impl ExpireCond {
+    /// Whether a new expiry `at` may replace `current` (0: the key has none, which
+    /// counts as living forever).
+    fn allows(&self, current: u64, at: i64) -> bool {
+        let has_ttl = current != 0;
+        !(self.nx && has_ttl
+            || self.xx && !has_ttl
+            || self.gt && (!has_ttl || at <= current as i64)
+            || self.lt && has_ttl && at >= current as i64)
+    }
 }
 
 fn parse_expire_cond(args: &[Bytes]) -> Result<ExpireCond, String> {
-    let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+    let mut c = ExpireCond::default();
     for a in &args[3..] {
         if eq_ci(a, "nx") {
-            nx = true;
+            c.nx = true;
         } else if eq_ci(a, "xx") {
-            xx = true;
+            c.xx = true;
         } else if eq_ci(a, "gt") {
-            gt = true;
+            c.gt = true;
         } else if eq_ci(a, "lt") {
-            lt = true;
+            c.lt = true;
         } else {
             return Err(format!(
                 "ERR Unsupported option {}",
@@ -528,23 +540,13 @@ fn parse_expire_cond(args: &[Bytes]) -> Result<ExpireCond, String> {
             ));
         }
     }
-    if nx && (xx || gt || lt) {
+    if c.nx && (c.xx || c.gt || c.lt) {
         return Err("ERR NX and XX, GT or LT options at the same time are not compatible".into());
     }
-    if gt && lt {
+    if c.gt && c.lt {
         return Err("ERR GT and LT options at the same time are not compatible".into());
     }
-    Ok(if nx {
-        ExpireCond::Nx
-    } else if xx {
-        ExpireCond::Xx
-    } else if gt {
-        ExpireCond::Gt
-    } else if lt {
-        ExpireCond::Lt
-    } else {
-        ExpireCond::Always
-    })
+    Ok(c)
 }
 
 /// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT: `unit_ms` is 1000 for seconds, `relative` adds now.
@@ -575,15 +577,7 @@ fn expire_generic(ctx: &mut ExecCtx, args: &[Bytes], unit_ms: i64, relative: boo
         None => return ctx.out.int(0),
         Some(e) => e.expire_at(),
     };
-    let allowed = match cond {
-        ExpireCond::Always => true,
-        ExpireCond::Nx => current == 0,
-        ExpireCond::Xx => current != 0,
-        // A key without a TTL counts as living forever.
-        ExpireCond::Gt => current != 0 && at > current as i64,
-        ExpireCond::Lt => current == 0 || at < current as i64,
-    };
-    if !allowed {
+    if !cond.allows(current, at) {
         return ctx.out.int(0);
     }
     if at <= ctx.now_ms as i64 {

@@ -104,8 +104,7 @@ fn pop(ctx: &mut ExecCtx, args: &[Bytes], front: bool) {
         None => None,
         Some(a) => match parse_i64(a) {
             Ok(n) if n >= 0 => Some(n as usize),
-            Ok(_) => return ctx.out.error("ERR value is out of range, must be positive"),
-            Err(e) => return ctx.out.error(e),
+            _ => return ctx.out.error("ERR value is out of range, must be positive"),
         },
     };
     if args.len() > 3 {

@@ -339,6 +339,23 @@ pub fn check_subcommand(cmd: &Command, args: &[Bytes]) -> Result<(), String> {
     }
 }
 
+/// Refuses a known command before it runs. Refusing EXEC discards the transaction (and
+/// says EXECABORT even outside MULTI), as Redis does.
+fn reject_command(sess: &mut Session, cmd: &'static Command, msg: &str) {
+    sess.count_rejected(cmd);
+    if cmd.name == "exec" {
+        sess.multi = None;
+        sess.handle.info.borrow_mut().multi = -1;
+        transactions::unwatch_all(sess);
+        let reason = msg.split_once(' ').map_or(msg, |(_, rest)| rest);
+        sess.reject(&format!(
+            "EXECABORT Transaction discarded because of: {reason}"
+        ));
+    } else {
+        sess.reject(msg);
+    }
+}
+
 /// Validates and runs one command for a session: lookup, arity, authentication, MULTI
 /// queueing, then execution on the right thread.
 pub async fn execute(sess: &mut Session, args: Vec<Bytes>) {
@@ -354,20 +371,17 @@ pub async fn execute_resolved(sess: &mut Session, cmd: Option<&'static Command>,
         return;
     };
     if !cmd.arity_ok(args.len()) {
-        sess.reject(&arity_error(cmd.name));
-        sess.count_rejected(cmd);
+        reject_command(sess, cmd, &arity_error(cmd.name));
         return;
     }
     if !cmd.subcommands.is_empty() {
         if let Err(msg) = check_subcommand(cmd, &args) {
-            sess.reject(&msg);
-            sess.count_rejected(cmd);
+            reject_command(sess, cmd, &msg);
             return;
         }
     }
     if !sess.authenticated && !cmd.has(flags::NO_AUTH) {
-        sess.reject("NOAUTH Authentication required.");
-        sess.count_rejected(cmd);
+        reject_command(sess, cmd, "NOAUTH Authentication required.");
         return;
     }
     if sess.multi.is_some() && !cmd.has(flags::NO_QUEUE) {
@@ -375,8 +389,11 @@ pub async fn execute_resolved(sess: &mut Session, cmd: Option<&'static Command>,
         return;
     }
     if cmd.has(flags::DENYOOM) && sess.over_maxmemory() {
-        sess.reject("OOM command not allowed when used memory > 'maxmemory'.");
-        sess.count_rejected(cmd);
+        reject_command(
+            sess,
+            cmd,
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        );
         return;
     }
     sess.note_command(cmd, &args);

@@ -303,6 +303,7 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
         || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
         || !cmd.arity_ok(args.len())
         || cmd.has(flags::BLOCKING)
+        || !cmd.subcommands.is_empty()
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
         || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
     {
