@@ -447,6 +447,16 @@ impl Config {
         self.get("requirepass")
     }
 
+    /// Settings changed from their defaults that Kite stores but does not act on.
+    pub fn ignored_settings(&self) -> Vec<(&'static str, &str)> {
+        PARAMS
+            .iter()
+            .zip(&self.values)
+            .filter(|(p, v)| !p.used && v.as_str() != p.default)
+            .map(|(p, v)| (p.name, v.as_str()))
+            .collect()
+    }
+
     /// Sets a parameter at start-up (file or flags): immutability does not apply.
     pub fn set_initial(&mut self, name: &str, value: &str) -> Result<(), String> {
         let i = find_param(name)

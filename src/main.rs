@@ -158,6 +158,9 @@ fn main() {
         }
     };
     init_logging(&config);
+    for (name, value) in config.ignored_settings() {
+        tracing::warn!("setting '{name} {value}' is accepted but has no effect in Kite yet");
+    }
     let mut threads = config.get_i64("threads") as usize;
     if threads == 0 {
         threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -199,7 +202,6 @@ fn main() {
         connected_clients: AtomicUsize::new(0),
         monitors: AtomicUsize::new(0),
         started: Instant::now(),
-        started_unix_ms: shard::unix_ms(),
         shutting_down: AtomicBool::new(false),
         used_memory: AtomicUsize::new(0),
         peak_memory: AtomicUsize::new(0),

@@ -1854,7 +1854,8 @@ fn scan_returns_same_keys_as_redis() {
     }
     // Hashes, sets and sorted sets come with the data-types work (issue 4); until then
     // the TYPE filters below are compared on strings and lists only.
-    for i in 0..if KITE_HAS_HASHES_SETS_ZSETS { 40 } else { 0 } {
+    let typed_keys = if KITE_HAS_HASHES_SETS_ZSETS { 40 } else { 0 };
+    for i in 0..typed_keys {
         setup.push(args!["HSET", format!("hash:{i}"), "f", "v"]);
         setup.push(args!["SADD", format!("set:{i}"), "m"]);
         setup.push(args!["ZADD", format!("zset:{i}"), "1", "m"]);

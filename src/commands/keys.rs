@@ -18,7 +18,7 @@ const SAME_OBJECT: &str = "ERR source and destination objects are the same";
 
 fn del_here(sh: &mut Shard, db: usize, keys: &[Bytes]) -> i64 {
     let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out, 0);
+    let mut ctx = sh.ctx(db, &mut out);
     keys.iter().filter(|k| ctx.delete(k)).count() as i64
 }
 
@@ -66,7 +66,7 @@ cross_handler!(exists_cross, |sess, args, tx| {
 
 fn touch_here(sh: &mut Shard, db: usize, keys: &[Bytes]) -> i64 {
     let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out, 0);
+    let mut ctx = sh.ctx(db, &mut out);
     keys.iter().filter(|k| ctx.get(k).is_some()).count() as i64
 }
 
@@ -110,7 +110,7 @@ fn copy_key(sh: &mut Shard, db: usize, key: &[u8]) -> Moved {
 
 fn put_key(sh: &mut Shard, db: usize, key: &[u8], value: Value, expire_at: u64) {
     let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out, 0);
+    let mut ctx = sh.ctx(db, &mut out);
     ctx.set(key, value, expire_at);
 }
 

@@ -253,13 +253,13 @@ fn is_list_or_missing(sh: &mut Shard, db: usize, key: &[u8]) -> bool {
 /// The source side of a move: Err(()) wrong type, Ok(None) missing.
 fn pop_one(sh: &mut Shard, db: usize, key: &[u8], front: bool) -> Result<Option<Box<[u8]>>, ()> {
     let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out, 0);
+    let mut ctx = sh.ctx(db, &mut out);
     Ok(pop_items(&mut ctx, key, front, 1)?.and_then(|mut v| v.pop()))
 }
 
 fn push_one(sh: &mut Shard, db: usize, key: &[u8], front: bool, value: &[u8]) {
     let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out, 0);
+    let mut ctx = sh.ctx(db, &mut out);
     let args = [
         Bytes::new(),
         Bytes::copy_from_slice(key),

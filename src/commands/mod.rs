@@ -226,6 +226,7 @@ impl CommandTable {
         Some(&table().commands[id])
     }
 
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.commands.len()
     }
@@ -241,10 +242,6 @@ impl CommandTable {
             .find(|(n, _, _)| *n == sub)
             .and_then(|(n, _, _)| self.full_names.get(&(cmd.id, *n)).copied())
             .unwrap_or(cmd.name)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.commands.is_empty()
     }
 }
 
@@ -358,13 +355,7 @@ fn reject_command(sess: &mut Session, cmd: &'static Command, msg: &str) {
 
 /// Validates and runs one command for a session: lookup, arity, authentication, MULTI
 /// queueing, then execution on the right thread.
-pub async fn execute(sess: &mut Session, args: Vec<Bytes>) {
-    let cmd = table().lookup(&args[0]);
-    execute_resolved(sess, cmd, args).await;
-}
-
-/// `execute` for a caller that already looked the command up.
-pub async fn execute_resolved(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
+pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
     let Some(cmd) = cmd else {
         let msg = unknown_command_error(&args);
         sess.reject_bytes(&msg);
@@ -476,7 +467,6 @@ async fn run_on_shard(
                 &args,
                 sess.db,
                 &mut sess.out,
-                sess.id,
                 sess.no_touch,
             );
             return;

@@ -308,7 +308,7 @@ async_handler!(info, |sess, args| {
                 ttl += r.keyspace[db].2;
             }
             if keys > 0 {
-                let avg = if expires > 0 { ttl / expires } else { 0 };
+                let avg = ttl.checked_div(expires).unwrap_or(0);
                 let _ = write!(
                     s,
                     "db{}:keys={},expires={},avg_ttl={}\r\n",
@@ -378,7 +378,7 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
             }
         }
         "set" => {
-            if args.len() % 2 != 0 {
+            if !args.len().is_multiple_of(2) {
                 return sess.error(&super::arity_error("config|set"));
             }
             let pairs: Vec<(String, String)> = args[2..]
@@ -802,7 +802,7 @@ async_handler!(slowlog, |sess, args| {
             })
             .await;
             let mut all: Vec<_> = logs.into_iter().flatten().collect();
-            all.sort_by(|a, b| b.id.cmp(&a.id));
+            all.sort_by_key(|e| std::cmp::Reverse(e.id));
             all.truncate(count);
             sess.out.array(all.len());
             for e in all {

@@ -166,7 +166,7 @@ fn read_string(ctx: &mut ExecCtx, key: &[u8]) -> Result<Option<Vec<u8>>, ()> {
 /// adds the keyspace hits and misses it counted to the shard's counters.
 fn with_ctx<R>(sh: &mut Shard, db: usize, f: impl FnOnce(&mut ExecCtx) -> R) -> R {
     let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out, 0);
+    let mut ctx = sh.ctx(db, &mut out);
     let r = f(&mut ctx);
     let (hits, misses) = (ctx.hits, ctx.misses);
     sh.stats.keyspace_hits += hits;
@@ -1710,7 +1710,7 @@ mod tests {
     fn runb(sh: &mut Shard, f: Handler, args: &[&[u8]]) -> String {
         let args = argv(args);
         let mut out = Reply::new(false);
-        let mut ctx = sh.ctx(0, &mut out, 0);
+        let mut ctx = sh.ctx(0, &mut out);
         f(&mut ctx, &args);
         String::from_utf8_lossy(&out.buf).into_owned()
     }

@@ -300,11 +300,11 @@ async fn run_in_tx(sess: &mut Session, tx: &Tx, cmd: &'static Command, args: Vec
                     return;
                 }
             };
-            let (db, resp3, id, no_touch) = (sess.db, sess.out.resp3, sess.id, sess.no_touch);
+            let (db, resp3, no_touch) = (sess.db, sess.out.resp3, sess.no_touch);
             let reply = tx
                 .run(target, move |sh| {
                     let mut out = Reply::new(resp3);
-                    exec_here(sh, cmd, f, &args, db, &mut out, id, no_touch);
+                    exec_here(sh, cmd, f, &args, db, &mut out, no_touch);
                     out.buf
                 })
                 .await;

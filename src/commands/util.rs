@@ -13,14 +13,6 @@ pub fn parse_i64(arg: &[u8]) -> Result<i64, &'static str> {
     parse_canonical_i64(arg).ok_or(NOT_INT)
 }
 
-/// Like `parse_i64` but Redis also accepts leading zeros and "+"? It does not: strict.
-pub fn parse_u64(arg: &[u8]) -> Result<u64, &'static str> {
-    match parse_i64(arg) {
-        Ok(v) if v >= 0 => Ok(v as u64),
-        _ => Err(NOT_INT),
-    }
-}
-
 /// Parses a float as Redis's `string2d`/`strtold` based parsers do: no spaces, no empty
 /// string, `inf`/`-inf` accepted, NaN rejected.
 pub fn parse_f64(arg: &[u8]) -> Result<f64, &'static str> {

@@ -30,47 +30,6 @@ pub fn put_int(buf: &mut BytesMut, v: i64) {
     buf.extend_from_slice(&tmp[pos..]);
 }
 
-/// Formats a double the way Redis prints scores and RESP2 doubles: `%.17g`, with `inf`/`-inf`.
-pub fn format_double(v: f64) -> String {
-    if v.is_infinite() {
-        return if v > 0.0 { "inf".into() } else { "-inf".into() };
-    }
-    if v.is_nan() {
-        return "nan".into();
-    }
-    format_g17(v)
-}
-
-/// C's `%.17g`: 17 significant digits, exponent form when the exponent is < -4 or >= 17,
-/// trailing zeros removed.
-fn format_g17(v: f64) -> String {
-    if v == 0.0 {
-        return if v.is_sign_negative() {
-            "-0".into()
-        } else {
-            "0".into()
-        };
-    }
-    let sci = format!("{:.16e}", v);
-    let (mantissa, exp) = sci.split_once('e').expect("exponent form");
-    let exp: i32 = exp.parse().expect("exponent");
-    if !(-4..17).contains(&exp) {
-        let m = trim_fraction(mantissa);
-        let sign = if exp < 0 { '-' } else { '+' };
-        return format!("{}e{}{:02}", m, sign, exp.abs());
-    }
-    let decimals = (16 - exp).max(0) as usize;
-    trim_fraction(&format!("{:.*}", decimals, v)).to_string()
-}
-
-fn trim_fraction(s: &str) -> &str {
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        s
-    }
-}
-
 impl Reply {
     pub fn new(resp3: bool) -> Reply {
         Reply {
@@ -128,12 +87,6 @@ impl Reply {
         self.buf.put_slice(b"\r\n");
     }
 
-    pub fn bulk_int(&mut self, v: i64) {
-        let mut tmp = BytesMut::with_capacity(20);
-        put_int(&mut tmp, v);
-        self.bulk(&tmp);
-    }
-
     pub fn opt_bulk(&mut self, data: Option<&[u8]>) {
         match data {
             Some(d) => self.bulk(d),
@@ -176,29 +129,6 @@ impl Reply {
         self.line(if self.resp3 { b'~' } else { b'*' }, len as i64);
     }
 
-    pub fn push(&mut self, len: usize) {
-        self.line(if self.resp3 { b'>' } else { b'*' }, len as i64);
-    }
-
-    pub fn double(&mut self, v: f64) {
-        let text = format_double(v);
-        if self.resp3 {
-            self.buf.put_u8(b',');
-            self.buf.put_slice(text.as_bytes());
-            self.buf.put_slice(b"\r\n");
-        } else {
-            self.bulk(text.as_bytes());
-        }
-    }
-
-    pub fn boolean(&mut self, v: bool) {
-        if self.resp3 {
-            self.buf.put_slice(if v { b"#t\r\n" } else { b"#f\r\n" });
-        } else {
-            self.int(v as i64);
-        }
-    }
-
     /// Free text such as INFO's or CLIENT LIST's: a verbatim string in RESP3.
     pub fn verbatim(&mut self, text: &[u8]) {
         if self.resp3 {
@@ -214,14 +144,6 @@ impl Reply {
     pub fn raw(&mut self, bytes: &[u8]) {
         self.buf.put_slice(bytes);
     }
-
-    pub fn len(&self) -> usize {
-        self.buf.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -235,18 +157,6 @@ mod tests {
             put_int(&mut b, v);
             assert_eq!(&b[..], v.to_string().as_bytes());
         }
-    }
-
-    #[test]
-    fn doubles_format_like_printf_g17() {
-        assert_eq!(format_double(1.5), "1.5");
-        assert_eq!(format_double(0.1), "0.10000000000000001");
-        assert_eq!(format_double(100.0), "100");
-        assert_eq!(format_double(1e17), "1e+17");
-        assert_eq!(format_double(1.0e-5), "1.0000000000000001e-05");
-        assert_eq!(format_double(f64::INFINITY), "inf");
-        assert_eq!(format_double(-3.0), "-3");
-        assert_eq!(format_double(9007199254740993.0), "9007199254740992");
     }
 
     #[test]

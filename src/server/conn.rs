@@ -378,7 +378,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         }
         let mode = sess.reply_mode;
         let mark = sess.out.buf.len();
-        commands::execute_resolved(sess, cmd, args).await;
+        commands::execute(sess, cmd, args).await;
         match mode {
             // CLIENT REPLY ON answers even though replies were off when it arrived.
             ReplyMode::Off if sess.reply_mode != ReplyMode::On => sess.out.buf.truncate(mark),

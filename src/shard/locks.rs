@@ -189,10 +189,6 @@ impl LockTable {
         self.queue = remaining;
         runnable
     }
-
-    pub fn queue_len(&self) -> usize {
-        self.queue.len()
-    }
 }
 
 #[cfg(test)]

@@ -47,7 +47,6 @@ pub struct Shared {
     pub connected_clients: AtomicUsize,
     pub monitors: AtomicUsize,
     pub started: Instant,
-    pub started_unix_ms: u64,
     pub shutting_down: AtomicBool,
     /// Bytes allocated, refreshed from the allocator a few times a second.
     pub used_memory: AtomicUsize,
@@ -84,7 +83,6 @@ impl Shared {
             connected_clients: AtomicUsize::new(0),
             monitors: AtomicUsize::new(0),
             started: Instant::now(),
-            started_unix_ms: unix_ms(),
             shutting_down: AtomicBool::new(false),
             used_memory: AtomicUsize::new(0),
             peak_memory: AtomicUsize::new(0),
@@ -240,7 +238,6 @@ pub struct Db {
 
 /// One shard of the keyspace: its databases, locks, watched keys and counters.
 pub struct Shard {
-    pub id: usize,
     pub dbs: Vec<Db>,
     pub locks: LockTable,
     pub watches: WatchTable,
@@ -262,7 +259,6 @@ impl Shard {
             started: shared.started,
             shared,
             logs: Logs::default(),
-            id,
             dbs: (0..databases)
                 .map(|_| Db {
                     table: Table::new(),
@@ -459,13 +455,12 @@ impl Shard {
     }
 
     /// Makes an execution context for running commands on this shard.
-    pub fn ctx<'a>(&'a mut self, db: usize, out: &'a mut Reply, client_id: u64) -> ExecCtx<'a> {
+    pub fn ctx<'a>(&'a mut self, db: usize, out: &'a mut Reply) -> ExecCtx<'a> {
         ExecCtx {
             shard: self,
             db,
             out,
             now_ms: unix_ms(),
-            client_id,
             no_touch: false,
             hits: 0,
             misses: 0,
@@ -480,7 +475,6 @@ pub struct ExecCtx<'a> {
     pub out: &'a mut Reply,
     /// The clock of this command: every expiry check within it agrees.
     pub now_ms: u64,
-    pub client_id: u64,
     /// CLIENT NO-TOUCH: reads leave the access time alone.
     pub no_touch: bool,
     pub hits: u64,
@@ -610,13 +604,12 @@ pub fn exec_here(
     args: &[Bytes],
     db: usize,
     out: &mut Reply,
-    client_id: u64,
     no_touch: bool,
 ) {
     let start_len = out.buf.len();
     let started = Instant::now();
     {
-        let mut ctx = shard.ctx(db, out, client_id);
+        let mut ctx = shard.ctx(db, out);
         ctx.no_touch = no_touch;
         f(&mut ctx, args);
         let (hits, misses) = (ctx.hits, ctx.misses);
@@ -702,7 +695,6 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             &args,
             batch.db,
             &mut batch.out,
-            batch.client_id,
             batch.no_touch,
         );
     }

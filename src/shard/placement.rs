@@ -23,8 +23,14 @@ pub fn hashtag(key: &[u8]) -> &[u8] {
     key
 }
 
+/// The Redis Cluster slot of a key.
+#[cfg(test)]
 pub fn slot(key: &[u8]) -> usize {
-    crc16::State::<crc16::XMODEM>::calculate(hashtag(key)) as usize % SLOTS
+    slot_of_tag(hashtag(key))
+}
+
+fn slot_of_tag(tag: &[u8]) -> usize {
+    crc16::State::<crc16::XMODEM>::calculate(tag) as usize % SLOTS
 }
 
 pub struct Placement {
@@ -68,8 +74,7 @@ impl Placement {
                 return self.round_robin(tag);
             }
         }
-        let slot = crc16::State::<crc16::XMODEM>::calculate(tag) as usize % SLOTS;
-        self.owner[slot] as usize
+        self.owner[slot_of_tag(tag)] as usize
     }
 
     fn round_robin(&self, tag: &[u8]) -> usize {

@@ -63,6 +63,11 @@ impl Tx {
             granted.await.expect("shard thread stopped");
             tx.held.push((shard, keys));
         }
+        tracing::trace!(
+            tx = tx.id,
+            shards = tx.held.len(),
+            "transaction holds its locks"
+        );
         tx
     }
 
@@ -87,19 +92,11 @@ impl Tx {
     {
         hop(&self.worker, shard, move |w| f(&mut w.shard.borrow_mut())).await
     }
-
-    /// Shards this transaction holds locks on.
-    pub fn shards(&self) -> impl Iterator<Item = usize> + '_ {
-        self.held.iter().map(|h| h.0)
-    }
-
-    pub fn worker(&self) -> &Rc<Worker> {
-        &self.worker
-    }
 }
 
 impl Drop for Tx {
     fn drop(&mut self) {
+        tracing::trace!(tx = self.id, "transaction releases its locks");
         for (shard, keys) in self.held.drain(..) {
             if shard == self.worker.id {
                 release_locks(&self.worker, &keys);

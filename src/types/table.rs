@@ -77,12 +77,9 @@ impl Table {
         }
     }
 
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     pub fn volatile_len(&self) -> usize {
@@ -188,7 +185,7 @@ impl Table {
 
     pub fn clear(&mut self) {
         *self = Table {
-            hasher: self.hasher.clone(),
+            hasher: self.hasher,
             ..Table::new()
         };
     }

@@ -26,24 +26,12 @@ impl StrValue {
         StrValue::Plain(b.to_vec())
     }
 
-    pub fn from_vec(v: Vec<u8>) -> StrValue {
-        if v.len() <= 20 {
-            if let Some(i) = parse_canonical_i64(&v) {
-                return StrValue::Int(i);
-            }
-        }
-        StrValue::Plain(v)
-    }
-
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         match self {
             StrValue::Int(i) => int_len(*i),
             StrValue::Plain(v) | StrValue::Mutated(v) => v.len(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The bytes of the value; integers are rendered into `scratch`.
