@@ -504,3 +504,27 @@ fn shutdown_stops_the_server() {
     c.send(&["SHUTDOWN", "NOSAVE"]);
     assert!(eventually(|| !s.is_running()), "server still running");
 }
+
+#[test]
+fn maxmemory_refuses_writes_but_serves_reads_and_deletes() {
+    let s = KiteServer::start(&[], 2);
+    let mut c = s.client();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Resp::ok());
+    assert_eq!(c.cmd(&["CONFIG", "SET", "maxmemory", "1"]), Resp::ok());
+    assert_eq!(
+        c.cmd(&["SET", "k2", "v"]),
+        Resp::Error("OOM command not allowed when used memory > 'maxmemory'.".into())
+    );
+    // Inside MULTI the refusal aborts the transaction, as in Redis.
+    assert_eq!(c.cmd(&["MULTI"]), Resp::ok());
+    assert!(c.cmd(&["APPEND", "k", "x"]).is_error());
+    assert!(c
+        .cmd(&["EXEC"])
+        .error_text()
+        .unwrap()
+        .starts_with("EXECABORT"));
+    assert_eq!(c.cmd(&["GET", "k"]), Resp::bulk("v"));
+    assert_eq!(c.cmd(&["DEL", "k"]), Resp::Integer(1));
+    assert_eq!(c.cmd(&["CONFIG", "SET", "maxmemory", "0"]), Resp::ok());
+    assert_eq!(c.cmd(&["SET", "k2", "v"]), Resp::ok());
+}

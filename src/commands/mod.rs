@@ -375,16 +375,24 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         reject_command(sess, cmd, "NOAUTH Authentication required.");
         return;
     }
-    if sess.multi.is_some() && !cmd.has(flags::NO_QUEUE) {
-        transactions::queue(sess, cmd, args);
-        return;
-    }
-    if cmd.has(flags::DENYOOM) && sess.over_maxmemory() {
+    // Past maxmemory, Redis refuses commands that may grow memory, also while queueing
+    // them and at an EXEC that queued one.
+    let grows = cmd.has(flags::DENYOOM)
+        || (cmd.name == "exec"
+            && sess
+                .multi
+                .as_ref()
+                .is_some_and(|m| m.queued.iter().any(|(c, _)| c.has(flags::DENYOOM))));
+    if grows && sess.over_maxmemory() {
         reject_command(
             sess,
             cmd,
             "OOM command not allowed when used memory > 'maxmemory'.",
         );
+        return;
+    }
+    if sess.multi.is_some() && !cmd.has(flags::NO_QUEUE) {
+        transactions::queue(sess, cmd, args);
         return;
     }
     sess.note_command(cmd, &args);
