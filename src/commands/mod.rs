@@ -1,13 +1,17 @@
 //! Commands: the table (in `table.rs`), routing to shards, and one file per family.
 
 pub mod connection;
+pub mod hashes;
 pub mod keys;
 pub mod lists;
 pub mod server;
+pub mod sets;
+pub mod streams;
 pub mod strings;
 pub mod table;
 pub mod transactions;
 pub mod util;
+pub mod zsets;
 
 use std::future::Future;
 use std::pin::Pin;

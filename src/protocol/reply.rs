@@ -30,6 +30,59 @@ pub fn put_int(buf: &mut BytesMut, v: i64) {
     buf.extend_from_slice(&tmp[pos..]);
 }
 
+/// Formats a double as Redis 7.2 prints scores and RESP2 doubles: the shortest text that
+/// reads back as the same double, in `%g` style (exponent form below 1e-4 and from 1e17),
+/// with `inf`, `-inf` and `nan`.
+pub fn format_double(v: f64) -> String {
+    if v.is_infinite() {
+        return if v > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    if v.is_nan() {
+        return "nan".into();
+    }
+    if v == 0.0 {
+        return if v.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    // Rust's `{:e}` gives the shortest round-trip digits: "1.5e-7", "1e20".
+    let sci = format!("{:e}", v);
+    let (mantissa, exp) = sci.split_once('e').expect("exponent form");
+    let exp: i32 = exp.parse().expect("exponent");
+    if !(-4..17).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{}e{}{:02}", mantissa, sign, exp.abs());
+    }
+    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
+    let negative = v < 0.0;
+    let mut out = String::new();
+    if negative {
+        out.push('-');
+    }
+    if exp < 0 {
+        out.push_str("0.");
+        for _ in 0..(-exp - 1) {
+            out.push('0');
+        }
+        out.push_str(&digits);
+    } else {
+        let int_len = exp as usize + 1;
+        if digits.len() <= int_len {
+            out.push_str(&digits);
+            for _ in digits.len()..int_len {
+                out.push('0');
+            }
+        } else {
+            out.push_str(&digits[..int_len]);
+            out.push('.');
+            out.push_str(&digits[int_len..]);
+        }
+    }
+    out
+}
+
 impl Reply {
     pub fn new(resp3: bool) -> Reply {
         Reply {
@@ -141,6 +194,32 @@ impl Reply {
         }
     }
 
+    /// A double: `,` in RESP3, a bulk string in RESP2.
+    pub fn double(&mut self, v: f64) {
+        let text = format_double(v);
+        if self.resp3 {
+            self.buf.put_u8(b',');
+            self.buf.put_slice(text.as_bytes());
+            self.buf.put_slice(b"\r\n");
+        } else {
+            self.bulk(text.as_bytes());
+        }
+    }
+
+    /// A boolean: `#t`/`#f` in RESP3, the integer 1/0 in RESP2.
+    pub fn boolean(&mut self, v: bool) {
+        if self.resp3 {
+            self.buf.put_slice(if v { b"#t\r\n" } else { b"#f\r\n" });
+        } else {
+            self.int(v as i64);
+        }
+    }
+
+    /// A push message header (`>` in RESP3; an array in RESP2), for pub/sub messages.
+    pub fn push(&mut self, len: usize) {
+        self.line(if self.resp3 { b'>' } else { b'*' }, len as i64);
+    }
+
     pub fn raw(&mut self, bytes: &[u8]) {
         self.buf.put_slice(bytes);
     }
@@ -156,6 +235,24 @@ mod tests {
             let mut b = BytesMut::new();
             put_int(&mut b, v);
             assert_eq!(&b[..], v.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn doubles_print_shortest_round_trip_text() {
+        assert_eq!(format_double(1.5), "1.5");
+        assert_eq!(format_double(0.1), "0.1");
+        assert_eq!(format_double(100.0), "100");
+        assert_eq!(format_double(1e17), "1e+17");
+        assert_eq!(format_double(1.0e-5), "1e-05");
+        assert_eq!(format_double(0.0001), "0.0001");
+        assert_eq!(format_double(f64::INFINITY), "inf");
+        assert_eq!(format_double(-3.0), "-3");
+        assert_eq!(format_double(-0.25), "-0.25");
+        assert_eq!(format_double(9007199254740993.0), "9007199254740992");
+        assert_eq!(format_double(123456.789), "123456.789");
+        for v in [0.1 + 0.2, 1.0 / 3.0, 1e-300, 6.02e23, -2.5e-5] {
+            assert_eq!(format_double(v).parse::<f64>().unwrap(), v);
         }
     }
 

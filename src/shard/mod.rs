@@ -549,6 +549,21 @@ impl ExecCtx<'_> {
     pub fn modified(&mut self, key: &[u8]) {
         self.shard.modified(self.db, key);
     }
+
+    /// Records a keyspace event (`class` is its letter in notify-keyspace-events: b'g',
+    /// b'$', b'l', b's', b'h', b'z', b'x', b't', b'e'...), published when the command ends.
+    pub fn notify(&mut self, class: u8, event: &'static str, key: &[u8]) {
+        // Keyspace notifications are published by the pub/sub work (issue 4); until it
+        // lands no event has a subscriber to reach.
+        let _ = (class, event, key);
+    }
+
+    /// Tells blocked clients that `key` gained elements; they are served when the command
+    /// (or the whole transaction or script) ends.
+    pub fn key_ready(&mut self, key: &[u8]) {
+        // Blocking commands arrive with issue 4; until then no client waits on a key.
+        let _ = key;
+    }
 }
 
 /// Commands bound for one shard, run there in order (a pipelined run of commands, or a

@@ -1,6 +1,10 @@
 //! The data structures behind the command families.
 
+pub mod hash;
 pub mod list;
 pub mod longdouble;
+pub mod set;
+pub mod stream;
 pub mod table;
 pub mod value;
+pub mod zset;

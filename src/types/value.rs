@@ -152,6 +152,10 @@ pub fn parse_canonical_i64(b: &[u8]) -> Option<i64> {
 pub enum Value {
     Str(StrValue),
     List(Box<super::list::List>),
+    Hash(Box<super::hash::Hash>),
+    Set(Box<super::set::Set>),
+    ZSet(Box<super::zset::ZSet>),
+    Stream(Box<super::stream::Stream>),
 }
 
 impl Value {
@@ -160,6 +164,10 @@ impl Value {
         match self {
             Value::Str(_) => "string",
             Value::List(_) => "list",
+            Value::Hash(_) => "hash",
+            Value::Set(_) => "set",
+            Value::ZSet(_) => "zset",
+            Value::Stream(_) => "stream",
         }
     }
 
@@ -167,6 +175,10 @@ impl Value {
         match self {
             Value::Str(s) => s.encoding(),
             Value::List(l) => l.encoding(),
+            Value::Hash(h) => h.encoding(),
+            Value::Set(s) => s.encoding(),
+            Value::ZSet(z) => z.encoding(),
+            Value::Stream(x) => x.encoding(),
         }
     }
 
@@ -175,6 +187,10 @@ impl Value {
         match self {
             Value::Str(s) => s.heap_size(),
             Value::List(l) => l.heap_size(),
+            Value::Hash(h) => h.heap_size(),
+            Value::Set(s) => s.heap_size(),
+            Value::ZSet(z) => z.heap_size(),
+            Value::Stream(x) => x.heap_size(),
         }
     }
 }

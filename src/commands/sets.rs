@@ -1,0 +1,1 @@
+//! The sets family.
