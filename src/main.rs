@@ -1,5 +1,6 @@
 //! Kite: a multi-threaded Redis-protocol server for background-job workloads.
 
+mod blocking;
 mod commands;
 mod config;
 mod memory;

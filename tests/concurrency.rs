@@ -368,13 +368,11 @@ fn blocking_pops_exactly_once(threads: usize) {
 }
 
 #[test]
-#[ignore = "blocking pops (BRPOP) arrive with the data-types issue (4)"]
 fn blocking_pops_take_each_job_once_threads4() {
     blocking_pops_exactly_once(4);
 }
 
 #[test]
-#[ignore = "blocking pops (BRPOP) arrive with the data-types issue (4)"]
 fn blocking_pops_take_each_job_once_threads2() {
     blocking_pops_exactly_once(2);
 }

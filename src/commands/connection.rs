@@ -563,8 +563,21 @@ async_handler!(client, |sess, args| {
             if args.len() > 4 {
                 return sess.error(SYNTAX_ERR);
             }
-            // No command blocks in this version, so no client can be unblocked.
-            sess.out.int(0);
+            let id = parse_i64(&args[2]).unwrap_or(0) as u64;
+            let with_error = args.len() == 4 && eq_ci(&args[3], "error");
+            let found = broadcast(&sess.worker, move |w| {
+                let clients = w.clients.borrow();
+                match clients.map.get(&id) {
+                    Some(h) if h.blocked.get() => {
+                        h.unblock.set(Some(with_error));
+                        h.wake.notify_one();
+                        1
+                    }
+                    _ => 0,
+                }
+            })
+            .await;
+            sess.out.int(found.iter().sum::<i64>());
         }
         "getredir" => sess.out.int(-1),
         "help" => {

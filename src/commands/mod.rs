@@ -127,7 +127,13 @@ pub struct Command {
     pub handler: Handler,
     /// Subcommands of a container command (CLIENT, CONFIG...), for COMMAND's replies.
     pub subcommands: &'static [(&'static str, i32, &'static str)],
+    /// For blocking commands: how they block. Inside MULTI (and scripts) they run their
+    /// handler instead, which never blocks.
+    pub block: Option<BlockSpecFn>,
 }
+
+/// Parses a blocking command into what the blocking machinery needs.
+pub type BlockSpecFn = fn(&[Bytes]) -> Result<crate::blocking::BlockCall, String>;
 
 impl Command {
     #[inline]
@@ -415,6 +421,18 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
 
 /// Runs a validated command outside MULTI.
 pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
+    if let Some(call) = cmd.block {
+        if !sess.in_exec {
+            let start = Instant::now();
+            let mark = sess.out.buf.len();
+            match call(&args) {
+                Ok(call) => crate::blocking::run_blocking(sess, call).await,
+                Err(e) => sess.out.error(&e),
+            }
+            sess.record_here(cmd, &args, start, mark);
+            return;
+        }
+    }
     match cmd.handler {
         Handler::Conn(f) => {
             let start = Instant::now();
@@ -481,6 +499,11 @@ async fn run_on_shard(
                 &mut sess.out,
                 sess.no_touch,
             );
+            let ready = shard.blocking.has_ready();
+            drop(shard);
+            if ready {
+                crate::blocking::serve_ready(&worker);
+            }
             return;
         }
     } else {

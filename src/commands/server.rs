@@ -26,6 +26,8 @@ struct ThreadReport {
     keyspace: Vec<(u64, u64, u64)>,
     ops_per_sec: u64,
     clients: u64,
+    blocked: u64,
+    blocking_keys: u64,
     lock_waits: u64,
     dirty: u64,
 }
@@ -76,6 +78,8 @@ fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
             .collect(),
         ops_per_sec: sh.ops_per_sec(),
         clients: w.clients.borrow().map.len() as u64,
+        blocked: w.clients.borrow().blocked as u64,
+        blocking_keys: sh.blocking.keys_count() as u64,
         lock_waits: sh.locks.waited_total,
         dirty: sh.dirty,
     }
@@ -184,9 +188,12 @@ async_handler!(info, |sess, args| {
     if show("clients") {
         let _ = write!(
             s,
-            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:0\r\ntracking_clients:0\r\nclients_in_timeout_table:0\r\ntotal_blocking_keys:0\r\ntotal_blocking_keys_on_nokey:0\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:{}\r\ntracking_clients:0\r\nclients_in_timeout_table:{}\r\ntotal_blocking_keys:{}\r\ntotal_blocking_keys_on_nokey:0\r\n\r\n",
             reports.iter().map(|r| r.clients).sum::<u64>(),
             shared.tunables.maxclients.load(Ordering::Relaxed),
+            reports.iter().map(|r| r.blocked).sum::<u64>(),
+            reports.iter().map(|r| r.blocked).sum::<u64>(),
+            reports.iter().map(|r| r.blocking_keys).sum::<u64>(),
         );
     }
     if show("memory") {

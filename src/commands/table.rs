@@ -29,7 +29,13 @@ fn c(
         summary,
         handler,
         subcommands: &[],
+        block: None,
     }
+}
+
+fn blocking(mut cmd: Command, spec: super::BlockSpecFn) -> Command {
+    cmd.block = Some(spec);
+    cmd
 }
 
 const NONE: Keys = Keys::None;
@@ -37,6 +43,8 @@ const K1: Keys = Keys::Range(1, 1, 1);
 const K12: Keys = Keys::Range(1, 2, 1);
 const KALL: Keys = Keys::Range(1, -1, 1);
 const KPAIRS: Keys = Keys::Range(1, -1, 2);
+/// Every argument but the last (BLPOP key... timeout).
+const KBUTLAST: Keys = Keys::Range(1, -2, 1);
 
 /// OBJECT <subcommand> key: the key is the third argument, except for HELP.
 fn object_keys(args: &[Bytes]) -> Vec<usize> {
@@ -163,8 +171,19 @@ pub fn all() -> Vec<Command> {
         c("llen", 2, "readonly fast", K1, "list", "1.0.0", "Returns the length of a list.", Shard(lists::llen)),
         c("lrange", 4, "readonly", K1, "list", "1.0.0", "Returns a range of a list.", Shard(lists::lrange)),
         c("lindex", 3, "readonly", K1, "list", "1.0.0", "Returns the element at an index of a list.", Shard(lists::lindex)),
+        c("lset", 4, "write denyoom", K1, "list", "1.0.0", "Replaces the element at an index of a list.", Shard(lists::lset)),
+        c("linsert", 5, "write denyoom", K1, "list", "2.2.0", "Inserts an element before or after another.", Shard(lists::linsert)),
+        c("lrem", 4, "write", K1, "list", "1.0.0", "Removes elements equal to a value.", Shard(lists::lrem)),
+        c("ltrim", 4, "write", K1, "list", "1.0.0", "Keeps only a range of a list.", Shard(lists::ltrim)),
+        c("lpos", -3, "readonly", K1, "list", "6.0.6", "Finds the positions of an element.", Shard(lists::lpos)),
         c("lmove", 5, "write denyoom", K12, "list", "6.2.0", "Moves an element from one list to another.", Multi(lists::lmove, lists::lmove_cross)),
         c("rpoplpush", 3, "write denyoom", K12, "list", "1.2.0", "Moves the last element of a list to the head of another.", Multi(lists::lmove, lists::lmove_cross)),
+        c("lmpop", -4, "write", Keys::Custom(lists::lmpop_keys, (1, 1, 1)), "list", "7.0.0", "Pops elements from the first non-empty list.", Multi(lists::lmpop, lists::lmpop_cross)),
+        blocking(c("blpop", -3, "write blocking", KBUTLAST, "list", "2.0.0", "Pops the first element of the first non-empty list, waiting for one.", Multi(lists::blpop, lists::blpop_cross)), lists::bpop_call),
+        blocking(c("brpop", -3, "write blocking", KBUTLAST, "list", "2.0.0", "Pops the last element of the first non-empty list, waiting for one.", Multi(lists::brpop, lists::brpop_cross)), lists::bpop_call),
+        blocking(c("blmove", 6, "write denyoom blocking", K12, "list", "6.2.0", "Moves an element between lists, waiting for one.", Multi(lists::blmove, lists::blmove_cross)), lists::blmove_call),
+        blocking(c("brpoplpush", 4, "write denyoom blocking", K12, "list", "2.2.0", "Moves the last element of a list to another, waiting for one.", Multi(lists::blmove, lists::blmove_cross)), lists::blmove_call),
+        blocking(c("blmpop", -5, "write blocking", Keys::Custom(lists::blmpop_keys, (2, 2, 1)), "list", "7.0.0", "Pops elements from the first non-empty list, waiting for one.", Multi(lists::blmpop, lists::blmpop_cross)), lists::blmpop_call),
         // Transactions
         c("multi", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "1.2.0", "Starts a transaction.", Conn(tx::multi)),
         c("exec", 1, "noscript loading stale skip_slowlog noqueue", NONE, "transactions", "1.2.0", "Runs the queued commands atomically.", Async(tx::exec)),

@@ -30,6 +30,7 @@ pub struct ClientInfo {
     pub no_evict: bool,
     pub no_touch: bool,
     pub monitor: bool,
+    pub blocked: bool,
     pub user: &'static str,
 }
 
@@ -54,6 +55,7 @@ impl ClientInfo {
             no_evict: false,
             no_touch: false,
             monitor: false,
+            blocked: false,
             user: "default",
         }
     }
@@ -68,6 +70,9 @@ impl ClientInfo {
         }
         if self.multi >= 0 {
             flags.push('x');
+        }
+        if self.blocked {
+            flags.push('b');
         }
         if self.no_evict {
             flags.push('e');
@@ -107,6 +112,10 @@ pub struct ClientHandle {
     pub killed: Cell<bool>,
     pub wake: Notify,
     pub last_active: Cell<Instant>,
+    /// Waiting in a blocking command.
+    pub blocked: Cell<bool>,
+    /// Set by CLIENT UNBLOCK: Some(true) to fail with an error, Some(false) to time out.
+    pub unblock: Cell<Option<bool>>,
 }
 
 impl ClientHandle {
@@ -116,6 +125,8 @@ impl ClientHandle {
             killed: Cell::new(false),
             wake: Notify::new(),
             last_active: Cell::new(Instant::now()),
+            blocked: Cell::new(false),
+            unblock: Cell::new(None),
         })
     }
 
@@ -140,6 +151,8 @@ pub struct Clients {
     pub monitors: Vec<(u64, tokio::sync::mpsc::UnboundedSender<bytes::Bytes>)>,
     pub pause: Pause,
     pub pause_notify: Rc<Notify>,
+    /// Connections of this thread waiting in a blocking command (INFO blocked_clients).
+    pub blocked: usize,
 }
 
 impl Clients {

@@ -6,13 +6,13 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
 use crate::protocol::parse::{ParseLimits, RequestParser};
 use crate::protocol::reply::Reply;
 use crate::server::clients::{ClientHandle, ClientInfo};
+use crate::server::io;
 use crate::server::session::{ReplyMode, Session};
 use crate::shard::{run_batch_on, unix_ms, BatchSpec, Worker};
 
@@ -98,7 +98,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     } = m;
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
-    let Ok(mut stream) = TcpStream::from_std(stream) else {
+    let Ok(stream) = TcpStream::from_std(stream) else {
         worker
             .shared
             .connected_clients
@@ -124,30 +124,49 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         handle: handle.clone(),
         affinity: (worker.id, 0),
         monitor_rx: None,
+        stream: Rc::new(stream),
+        stash: BytesMut::new(),
     };
-    let exit = conn_loop(&mut sess, &mut stream, &mut rbuf, &mut parser).await;
+    let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
     match exit {
-        Exit::Migrate(target) if !handle.killed.get() => match stream.into_std() {
-            Ok(std_stream) => {
-                let info = handle.info.borrow().clone();
-                let moving = Moving {
-                    stream: std_stream,
-                    rbuf,
-                    parser,
-                    info,
-                    db: sess.db,
-                    resp3: sess.out.resp3,
-                    authenticated: sess.authenticated,
-                    no_touch: sess.no_touch,
-                    reply_mode: sess.reply_mode,
-                };
-                worker
-                    .shared
-                    .send(target, Box::new(move |w| arrive(w, moving)));
+        Exit::Migrate(target) if !handle.killed.get() => {
+            let info = handle.info.borrow().clone();
+            let (db, resp3, authenticated, no_touch, reply_mode) = (
+                sess.db,
+                sess.out.resp3,
+                sess.authenticated,
+                sess.no_touch,
+                sess.reply_mode,
+            );
+            let stream = sess.stream.clone();
+            drop(sess);
+            let std_stream = Rc::try_unwrap(stream).ok().and_then(|s| s.into_std().ok());
+            match std_stream {
+                Some(std_stream) => {
+                    let moving = Moving {
+                        stream: std_stream,
+                        rbuf,
+                        parser,
+                        info,
+                        db,
+                        resp3,
+                        authenticated,
+                        no_touch,
+                        reply_mode,
+                    };
+                    worker
+                        .shared
+                        .send(target, Box::new(move |w| arrive(w, moving)));
+                }
+                None => {
+                    worker
+                        .shared
+                        .connected_clients
+                        .fetch_sub(1, Ordering::AcqRel);
+                }
             }
-            Err(_) => close(&mut sess),
-        },
+        }
         _ => close(&mut sess),
     }
 }
@@ -169,23 +188,18 @@ fn close(sess: &mut Session) {
         .fetch_sub(1, Ordering::AcqRel);
 }
 
-async fn flush(sess: &mut Session, stream: &mut TcpStream) -> bool {
+async fn flush(sess: &mut Session) -> bool {
     if sess.out.buf.is_empty() {
         return true;
     }
     let n = sess.out.buf.len() as u64;
-    let ok = stream.write_all(&sess.out.buf).await.is_ok();
+    let ok = io::write_all(&sess.stream, &sess.out.buf).await.is_ok();
     sess.out.buf.clear();
     sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
     ok
 }
 
-async fn conn_loop(
-    sess: &mut Session,
-    stream: &mut TcpStream,
-    rbuf: &mut BytesMut,
-    parser: &mut RequestParser,
-) -> Exit {
+async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut RequestParser) -> Exit {
     let limits = ParseLimits {
         max_bulk_len: sess
             .worker
@@ -218,23 +232,28 @@ async fn conn_loop(
             sess.handle.last_active.set(std::time::Instant::now());
             sess.handle.info.borrow_mut().last_interaction_unix_ms = unix_ms();
             run_group(sess, cmds).await;
+            // Bytes a blocked command read while it waited come after what was parsed.
+            if !sess.stash.is_empty() {
+                rbuf.extend_from_slice(&sess.stash);
+                sess.stash.clear();
+            }
         }
         if let Some(e) = protocol_error {
             sess.out.error(&e.0);
-            flush(sess, stream).await;
+            flush(sess).await;
             return Exit::Closed;
         }
         if sess.close_after_reply || sess.handle.killed.get() {
-            flush(sess, stream).await;
+            flush(sess).await;
             return Exit::Closed;
         }
-        if sess.out.buf.len() >= FLUSH_AT && !flush(sess, stream).await {
+        if sess.out.buf.len() >= FLUSH_AT && !flush(sess).await {
             return Exit::Closed;
         }
         if full {
             continue;
         }
-        if !flush(sess, stream).await {
+        if !flush(sess).await {
             return Exit::Closed;
         }
         if let Some(target) = migration_target(sess) {
@@ -252,12 +271,12 @@ async fn conn_loop(
             }
             line = next_monitor_line(&mut sess.monitor_rx) => {
                 if let Some(line) = line {
-                    if stream.write_all(&line).await.is_err() {
+                    if io::write_all(&sess.stream, &line).await.is_err() {
                         return Exit::Closed;
                     }
                 }
             }
-            r = stream.read_buf(rbuf) => match r {
+            r = io::read_some(&sess.stream, rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64,
             }

@@ -2,6 +2,7 @@
 
 pub mod clients;
 pub mod conn;
+pub mod io;
 pub mod logs;
 pub mod session;
 

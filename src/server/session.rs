@@ -41,6 +41,10 @@ pub struct Session {
     pub affinity: (usize, u32),
     /// Lines of executed commands, for a connection in MONITOR mode.
     pub monitor_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
+    /// The socket, shared so a blocked command can notice the client leaving.
+    pub stream: Rc<tokio::net::TcpStream>,
+    /// Input read while a command was blocked, parsed once it returns.
+    pub stash: bytes::BytesMut,
 }
 
 impl Session {

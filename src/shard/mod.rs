@@ -241,6 +241,8 @@ pub struct Shard {
     pub dbs: Vec<Db>,
     pub locks: LockTable,
     pub watches: WatchTable,
+    /// Clients blocked on keys of this shard.
+    pub blocking: crate::blocking::BlockTable,
     pub stats: Stats,
     /// Write operations since start (`rdb_changes_since_last_save`).
     pub dirty: u64,
@@ -266,6 +268,7 @@ impl Shard {
                 })
                 .collect(),
             locks: LockTable::default(),
+            blocking: Default::default(),
             watches: WatchTable::new(databases),
             stats: Stats {
                 commands: vec![CmdStat::default(); ncommands],
@@ -561,8 +564,7 @@ impl ExecCtx<'_> {
     /// Tells blocked clients that `key` gained elements; they are served when the command
     /// (or the whole transaction or script) ends.
     pub fn key_ready(&mut self, key: &[u8]) {
-        // Blocking commands arrive with issue 4; until then no client waits on a key.
-        let _ = key;
+        self.shard.blocking.mark_ready(self.db, key);
     }
 }
 
@@ -689,6 +691,12 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         }
     }
     while let Some((cmd, args)) = batch.cmds.pop_front() {
+        if !atomic && shard.blocking.has_ready() {
+            // Blocked clients are served after each command, before the next one runs.
+            drop(shard);
+            crate::blocking::serve_ready(worker);
+            shard = worker.shard.borrow_mut();
+        }
         if !atomic && !shard.locks.is_idle() {
             let keys = cmd.key_positions(&args);
             if !shard.locks.is_free(keys.iter().map(|&i| &args[i][..])) {
@@ -714,6 +722,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         );
     }
     drop(shard);
+    crate::blocking::serve_ready(worker);
     let _ = batch.done.send(BatchResult {
         out: batch.out,
         aborted: false,
@@ -757,10 +766,12 @@ pub async fn run_batch_on(
     rx.await.expect("shard thread stopped")
 }
 
-/// Releases locks held on this thread's shard and starts whatever was waiting for them.
+/// Releases locks held on this thread's shard, starts whatever was waiting for them, and
+/// serves clients blocked on keys the transaction filled.
 pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
     let runnable = worker.shard.borrow_mut().locks.release(keys);
     for f in runnable {
         f();
     }
+    crate::blocking::serve_ready(worker);
 }

@@ -1,0 +1,703 @@
+//! Blocking commands: waiters, claim tokens, wake-ups.
+//!
+//! A blocked call registers one waiter on every shard holding one of its keys, all sharing
+//! one claim token. A shard serves a waiter only after winning the token, and takes the
+//! element in the same step, so a waiter is served exactly once; the other registrations
+//! are dropped when found claimed and cleaned up by the blocked connection. The blocked
+//! connection itself wins the token to time out, to be unblocked, or when its client
+//! leaves; if it loses, a delivery is on its way (and is undone when the client is gone).
+//!
+//! A key with waiters that gains elements is marked ready; ready keys are served when the
+//! command, transaction or script that changed them ends, oldest waiter first, while the
+//! key still holds something.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use hashbrown::HashMap;
+use tokio::sync::mpsc;
+
+use crate::commands::lists;
+use crate::protocol::reply::Reply;
+use crate::server::io;
+use crate::server::session::Session;
+use crate::shard::{hop, Shard, Worker};
+use crate::types::value::WRONGTYPE;
+
+/// What a key holds for a waiter.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Data {
+    Ready,
+    Empty,
+    /// Another type: the call fails with WRONGTYPE when it starts.
+    WrongType,
+}
+
+/// A blocking command as the machinery needs it: its keys in argument order, what it
+/// takes, and how long it waits (None: for ever).
+pub struct BlockCall {
+    pub keys: Vec<Bytes>,
+    pub op: BlockOp,
+    pub timeout: Option<Duration>,
+}
+
+/// What a blocked call does with a key once it holds something.
+#[derive(Clone, Debug)]
+pub enum BlockOp {
+    /// Takes nothing: tells the call the key holds something, and the call then runs its
+    /// non-blocking form (BLMOVE to a list on another shard).
+    Wake,
+    /// BLPOP / BRPOP: one element, replied as `[key, element]`.
+    ListPop { left: bool },
+    /// BLMPOP: up to `count` elements, replied as `[key, [elements]]`.
+    ListMultiPop { left: bool, count: usize },
+    /// BLMOVE / BRPOPLPUSH with the destination on the same shard.
+    ListMove {
+        from_left: bool,
+        to_left: bool,
+        dst: Bytes,
+    },
+}
+
+/// An element taken for a client that turned out to be gone: put it back.
+#[derive(Debug)]
+pub enum Undo {
+    ListPush {
+        db: usize,
+        key: Bytes,
+        left: bool,
+        values: Vec<Box<[u8]>>,
+    },
+}
+
+pub struct Delivery {
+    pub reply: BytesMut,
+    pub undo: Option<Undo>,
+}
+
+/// One blocked call as one shard sees it.
+pub struct Waiter {
+    pub claim: Arc<AtomicBool>,
+    pub db: usize,
+    pub op: Arc<BlockOp>,
+    pub resp3: bool,
+    pub deliver: mpsc::UnboundedSender<Delivery>,
+    /// This call's keys on this shard, to drop its other registrations once served.
+    pub keys_here: Vec<Bytes>,
+}
+
+#[derive(Default)]
+pub struct BlockTable {
+    waiting: HashMap<(usize, Bytes), VecDeque<Rc<Waiter>>>,
+    /// Keys with waiters that gained elements, served when the current command ends.
+    ready: Vec<(usize, Bytes)>,
+}
+
+impl BlockTable {
+    #[inline]
+    pub fn is_waited(&self, db: usize, key: &[u8]) -> bool {
+        !self.waiting.is_empty()
+            && self
+                .waiting
+                .contains_key(&(db, Bytes::copy_from_slice(key)))
+    }
+
+    pub fn mark_ready(&mut self, db: usize, key: &[u8]) {
+        if self.is_waited(db, key) && !self.ready.iter().any(|(d, k)| *d == db && k == key) {
+            self.ready.push((db, Bytes::copy_from_slice(key)));
+        }
+    }
+
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Keys some client is blocked on (INFO's total_blocking_keys).
+    pub fn keys_count(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn add(&mut self, w: Rc<Waiter>) {
+        for k in &w.keys_here {
+            self.waiting
+                .entry((w.db, k.clone()))
+                .or_default()
+                .push_back(w.clone());
+        }
+    }
+
+    /// Drops a call's registrations on this shard.
+    fn remove(&mut self, db: usize, keys: &[Bytes], claim: &Arc<AtomicBool>) {
+        for k in keys {
+            let slot = (db, k.clone());
+            if let Some(q) = self.waiting.get_mut(&slot) {
+                q.retain(|w| !Arc::ptr_eq(&w.claim, claim));
+                if q.is_empty() {
+                    self.waiting.remove(&slot);
+                }
+            }
+        }
+    }
+
+    /// The oldest live waiter on a key, dropping claimed ones on the way.
+    fn first_live(&mut self, db: usize, key: &Bytes) -> Option<Rc<Waiter>> {
+        let slot = (db, key.clone());
+        let q = self.waiting.get_mut(&slot)?;
+        while let Some(w) = q.front() {
+            if w.claim.load(Ordering::Acquire) {
+                q.pop_front();
+            } else {
+                return Some(w.clone());
+            }
+        }
+        self.waiting.remove(&slot);
+        None
+    }
+}
+
+/// What `key` holds for `op` now.
+fn has_data(sh: &mut Shard, db: usize, key: &[u8], op: &BlockOp) -> Data {
+    match op {
+        BlockOp::Wake
+        | BlockOp::ListPop { .. }
+        | BlockOp::ListMultiPop { .. }
+        | BlockOp::ListMove { .. } => lists::list_data(sh, db, key),
+    }
+}
+
+/// Whether serving `op` from `key` needs keys that a transaction holds right now.
+fn blocked_by_locks(sh: &Shard, key: &[u8], op: &BlockOp) -> bool {
+    if sh.locks.is_idle() {
+        return false;
+    }
+    match op {
+        BlockOp::ListMove { dst, .. } => !sh.locks.is_free([key, &dst[..]]),
+        _ => !sh.locks.is_free([key]),
+    }
+}
+
+/// Takes what `op` takes from `key` (known to hold something) and builds the reply.
+fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) -> Delivery {
+    let mut out = Reply::new(resp3);
+    let undo = match op {
+        BlockOp::Wake => None,
+        BlockOp::ListMove { dst, .. } if !lists::move_target_ok(sh, db, dst) => {
+            out.error(WRONGTYPE);
+            None
+        }
+        BlockOp::ListPop { left } => {
+            let values = lists::pop_for_waiter(sh, db, key, *left, 1);
+            out.array(2);
+            out.bulk(key);
+            out.bulk(&values[0]);
+            Some(Undo::ListPush {
+                db,
+                key: key.clone(),
+                left: *left,
+                values,
+            })
+        }
+        BlockOp::ListMultiPop { left, count } => {
+            let values = lists::pop_for_waiter(sh, db, key, *left, *count);
+            out.array(2);
+            out.bulk(key);
+            out.array(values.len());
+            for v in &values {
+                out.bulk(v);
+            }
+            Some(Undo::ListPush {
+                db,
+                key: key.clone(),
+                left: *left,
+                values,
+            })
+        }
+        BlockOp::ListMove {
+            from_left,
+            to_left,
+            dst,
+        } => {
+            let value = lists::move_for_waiter(sh, db, key, *from_left, dst, *to_left);
+            out.bulk(&value);
+            // The element now sits in the destination, where a client that vanished
+            // would have put it too: nothing to undo.
+            None
+        }
+    };
+    Delivery {
+        reply: out.buf,
+        undo,
+    }
+}
+
+/// Serves waiters of every key marked ready on this thread's shard.
+pub fn serve_ready(worker: &Rc<Worker>) {
+    let mut sh = worker.shard.borrow_mut();
+    if !sh.blocking.has_ready() {
+        return;
+    }
+    let ready = std::mem::take(&mut sh.blocking.ready);
+    let mut postponed = Vec::new();
+    for (db, key) in ready {
+        while let Some(w) = sh.blocking.first_live(db, &key) {
+            if has_data(&mut sh, db, &key, &w.op) != Data::Ready {
+                break;
+            }
+            if blocked_by_locks(&sh, &key, &w.op) {
+                // Served when the transaction holding the key lets go of it.
+                postponed.push((db, key.clone()));
+                break;
+            }
+            if w.claim
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            sh.blocking.remove(w.db, &w.keys_here, &w.claim);
+            let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
+            if let Err(mpsc::error::SendError(d)) = w.deliver.send(delivery) {
+                if let Some(undo) = d.undo {
+                    apply_undo(&mut sh, undo);
+                }
+            }
+        }
+    }
+    sh.blocking.ready.extend(postponed);
+}
+
+fn apply_undo(sh: &mut Shard, undo: Undo) {
+    match undo {
+        Undo::ListPush {
+            db,
+            key,
+            left,
+            values,
+        } => lists::push_back_for_waiter(sh, db, &key, left, values),
+    }
+}
+
+/// Parses a blocking timeout as Redis does: float seconds, 0 for ever, a positive value
+/// under a millisecond rounds up to one.
+pub fn parse_timeout(arg: &[u8]) -> Result<Option<Duration>, &'static str> {
+    const NOT_FLOAT: &str = "ERR timeout is not a float or out of range";
+    let text = std::str::from_utf8(arg).map_err(|_| NOT_FLOAT)?;
+    if text.is_empty()
+        || text.starts_with(char::is_whitespace)
+        || text.ends_with(char::is_whitespace)
+    {
+        return Err(NOT_FLOAT);
+    }
+    let secs: f64 = text.parse().map_err(|_| NOT_FLOAT)?;
+    if secs.is_nan() {
+        return Err(NOT_FLOAT);
+    }
+    if secs < 0.0 {
+        return Err("ERR timeout is negative");
+    }
+    let mut ms = secs * 1000.0;
+    if ms > i64::MAX as f64 {
+        return Err("ERR timeout is out of range");
+    }
+    if ms == 0.0 {
+        return Ok(None);
+    }
+    if ms < 1.0 {
+        ms = 1.0;
+    }
+    Ok(Some(Duration::from_millis(ms.ceil() as u64)))
+}
+
+/// The part of a blocked call that lives on one shard.
+struct ShardPart {
+    shard: usize,
+    keys: Vec<Bytes>,
+}
+
+/// What trying a blocked call on one shard gave.
+enum Tried {
+    Served(Delivery),
+    /// A key of the wrong type came first: the call fails at once.
+    WrongType,
+    /// Registered (or, when not registering, nothing to take).
+    Waiting,
+}
+
+/// Tries `keys` on this shard in order; serves the call at once from the first key that
+/// holds something, else registers a waiter.
+#[allow(clippy::too_many_arguments)]
+fn try_or_register(
+    w: &Rc<Worker>,
+    db: usize,
+    keys: Vec<Bytes>,
+    op: Arc<BlockOp>,
+    resp3: bool,
+    claim: Arc<AtomicBool>,
+    deliver: mpsc::UnboundedSender<Delivery>,
+    register: bool,
+) -> Tried {
+    let mut sh = w.shard.borrow_mut();
+    let mut waits_for_lock = false;
+    for key in &keys {
+        match has_data(&mut sh, db, key, &op) {
+            Data::Empty => continue,
+            Data::WrongType => return Tried::WrongType,
+            Data::Ready => {}
+        }
+        if blocked_by_locks(&sh, key, &op) {
+            waits_for_lock = true;
+            continue;
+        }
+        if claim
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Tried::Waiting;
+        }
+        return Tried::Served(perform(&mut sh, db, key, &op, resp3));
+    }
+    if register && !claim.load(Ordering::Acquire) {
+        let waiter = Rc::new(Waiter {
+            claim,
+            db,
+            op,
+            resp3,
+            deliver,
+            keys_here: keys.clone(),
+        });
+        sh.blocking.add(waiter);
+        if waits_for_lock {
+            // A key already holds something; serve it when its lock goes.
+            for key in &keys {
+                sh.blocking.mark_ready(db, key);
+            }
+        }
+    }
+    Tried::Waiting
+}
+
+/// Why a blocked call stopped waiting without being served.
+pub enum Ended {
+    Timeout,
+    UnblockedWithError,
+    ClientGone,
+}
+
+/// How a blocked call ended.
+pub enum Outcome {
+    Served(BytesMut),
+    Ended(Ended),
+    Error(&'static str),
+}
+
+/// Runs a blocking command for a session outside MULTI and writes its reply: served at
+/// once if a key holds something, else after blocking until served, timed out, unblocked
+/// or disconnected.
+pub async fn run_blocking(sess: &mut Session, call: BlockCall) {
+    let outcome = match &call.op {
+        BlockOp::ListMove {
+            from_left,
+            to_left,
+            dst,
+        } if sess.worker.shard_of(dst) != sess.worker.shard_of(&call.keys[0]) => {
+            let (from_left, to_left, dst) = (*from_left, *to_left, dst.clone());
+            return move_across_shards(
+                sess,
+                call.keys[0].clone(),
+                dst,
+                from_left,
+                to_left,
+                call.timeout,
+            )
+            .await;
+        }
+        _ => block(sess, &call.keys, call.op, call.timeout).await,
+    };
+    write_outcome(sess, outcome);
+}
+
+fn write_outcome(sess: &mut Session, outcome: Outcome) {
+    match outcome {
+        Outcome::Served(reply) => sess.out.raw(&reply),
+        Outcome::Ended(Ended::Timeout) => sess.out.null_array(),
+        Outcome::Ended(Ended::UnblockedWithError) => sess
+            .out
+            .error("UNBLOCKED client unblocked via CLIENT UNBLOCK"),
+        Outcome::Ended(Ended::ClientGone) => {}
+        Outcome::Error(e) => sess.out.error(e),
+    }
+}
+
+/// BLMOVE from a list on one shard to a list on another: waits until the source holds
+/// something, then moves it with a cross-shard transaction; if another client took the
+/// element first, waits again for what is left of the timeout.
+async fn move_across_shards(
+    sess: &mut Session,
+    src: Bytes,
+    dst: Bytes,
+    from_left: bool,
+    to_left: bool,
+    timeout: Option<Duration>,
+) {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    loop {
+        let tx =
+            crate::shard::tx::Tx::lock_keys(&sess.worker, &[src.clone(), dst.clone()], false).await;
+        let mark = sess.out.buf.len();
+        lists::move_across(sess, src.clone(), dst.clone(), from_left, to_left, &tx).await;
+        drop(tx);
+        let written = &sess.out.buf[mark..];
+        let null = written == b"$-1\r\n" || written == b"_\r\n";
+        if !null {
+            return;
+        }
+        sess.out.buf.truncate(mark);
+        let left = match deadline {
+            None => None,
+            Some(d) => {
+                let now = tokio::time::Instant::now();
+                if now >= d {
+                    return sess.out.null_array();
+                }
+                Some(d - now)
+            }
+        };
+        match block(sess, std::slice::from_ref(&src), BlockOp::Wake, left).await {
+            Outcome::Served(_) => continue,
+            other => return write_outcome(sess, other),
+        }
+    }
+}
+
+/// Blocks on `keys` for `op`: the heart of every blocking command.
+pub async fn block(
+    sess: &mut Session,
+    keys: &[Bytes],
+    op: BlockOp,
+    timeout: Option<Duration>,
+) -> Outcome {
+    let worker = sess.worker.clone();
+    let db = sess.db;
+    let resp3 = sess.out.resp3;
+    let op = Arc::new(op);
+    let claim = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = mpsc::unbounded_channel::<Delivery>();
+
+    let mut parts: Vec<ShardPart> = Vec::new();
+    for k in keys {
+        let s = worker.shard_of(k);
+        match parts.iter_mut().find(|p| p.shard == s) {
+            Some(p) => {
+                if !p.keys.contains(k) {
+                    p.keys.push(k.clone())
+                }
+            }
+            None => parts.push(ShardPart {
+                shard: s,
+                keys: vec![k.clone()],
+            }),
+        }
+    }
+
+    // Keys on several shards: serve from the first key (in argument order) that holds
+    // something, as Redis does, before registering anywhere.
+    if parts.len() > 1 {
+        match serve_first_in_order(&worker, db, keys, &op, resp3, &claim, &tx).await {
+            Tried::Served(d) => return Outcome::Served(d.reply),
+            Tried::WrongType => return Outcome::Error(WRONGTYPE),
+            Tried::Waiting => {}
+        }
+    }
+
+    let mut registered = Vec::new();
+    for part in &parts {
+        let (keys_here, op2, claim2, tx2) =
+            (part.keys.clone(), op.clone(), claim.clone(), tx.clone());
+        let tried = hop(&worker, part.shard, move |w| {
+            try_or_register(w, db, keys_here, op2, resp3, claim2, tx2, true)
+        })
+        .await;
+        registered.push(part.shard);
+        match tried {
+            Tried::Served(d) => {
+                unregister(&worker, db, &parts, &registered, &claim);
+                return Outcome::Served(d.reply);
+            }
+            Tried::WrongType => {
+                claim.store(true, Ordering::Release);
+                unregister(&worker, db, &parts, &registered, &claim);
+                return Outcome::Error(WRONGTYPE);
+            }
+            Tried::Waiting => {}
+        }
+        if claim.load(Ordering::Acquire) {
+            break;
+        }
+    }
+    drop(tx);
+
+    let outcome = wait(sess, &mut rx, &claim, timeout).await;
+    unregister(&worker, db, &parts, &registered, &claim);
+    match outcome {
+        Ok(d) => Outcome::Served(d.reply),
+        Err(e) => Outcome::Ended(e),
+    }
+}
+
+/// Looks for the first key, in argument order, that holds something, and serves the call
+/// from it; a few tries in case another client takes the element first.
+async fn serve_first_in_order(
+    worker: &Rc<Worker>,
+    db: usize,
+    keys: &[Bytes],
+    op: &Arc<BlockOp>,
+    resp3: bool,
+    claim: &Arc<AtomicBool>,
+    tx: &mpsc::UnboundedSender<Delivery>,
+) -> Tried {
+    for _ in 0..3 {
+        let mut first: Option<Bytes> = None;
+        for k in keys {
+            let (key, op2) = (k.clone(), op.clone());
+            let data = hop(worker, worker.shard_of(k), move |w| {
+                has_data(&mut w.shard.borrow_mut(), db, &key, &op2)
+            })
+            .await;
+            match data {
+                Data::Ready => {
+                    first = Some(k.clone());
+                    break;
+                }
+                Data::WrongType => return Tried::WrongType,
+                Data::Empty => {}
+            }
+        }
+        let Some(key) = first else {
+            return Tried::Waiting;
+        };
+        let (op2, claim2, tx2) = (op.clone(), claim.clone(), tx.clone());
+        let k = key.clone();
+        let tried = hop(worker, worker.shard_of(&key), move |w| {
+            try_or_register(w, db, vec![k], op2, resp3, claim2, tx2, false)
+        })
+        .await;
+        if !matches!(tried, Tried::Waiting) {
+            return tried;
+        }
+    }
+    Tried::Waiting
+}
+
+/// Drops a call's registrations on the shards where it registered.
+fn unregister(
+    worker: &Rc<Worker>,
+    db: usize,
+    parts: &[ShardPart],
+    registered: &[usize],
+    claim: &Arc<AtomicBool>,
+) {
+    for part in parts.iter().filter(|p| registered.contains(&p.shard)) {
+        let (keys, claim) = (part.keys.clone(), claim.clone());
+        let forget = move |w: &Rc<Worker>| {
+            w.shard.borrow_mut().blocking.remove(db, &keys, &claim);
+        };
+        if part.shard == worker.id {
+            forget(worker);
+        } else {
+            worker.shared.send(part.shard, Box::new(forget));
+        }
+    }
+}
+
+/// Waits for a delivery, the timeout, CLIENT UNBLOCK/KILL or the client leaving.
+async fn wait(
+    sess: &mut Session,
+    rx: &mut mpsc::UnboundedReceiver<Delivery>,
+    claim: &Arc<AtomicBool>,
+    timeout: Option<Duration>,
+) -> Result<Delivery, Ended> {
+    let handle = sess.handle.clone();
+    handle.blocked.set(true);
+    handle.info.borrow_mut().blocked = true;
+    sess.worker.clients.borrow_mut().blocked += 1;
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let stream = sess.stream.clone();
+    let result = loop {
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ended = tokio::select! {
+            biased;
+            d = rx.recv() => match d {
+                Some(d) => break Ok(d),
+                None => unreachable!("the waiter keeps a sender until served"),
+            },
+            _ = handle.wake.notified() => {
+                if handle.killed.get() {
+                    Some(Ended::ClientGone)
+                } else {
+                    match handle.unblock.take() {
+                        Some(true) => Some(Ended::UnblockedWithError),
+                        Some(false) => Some(Ended::Timeout),
+                        None => None,
+                    }
+                }
+            }
+            _ = sleep => Some(Ended::Timeout),
+            r = io::read_some(&stream, &mut sess.stash) => match r {
+                Ok(0) | Err(_) => Some(Ended::ClientGone),
+                Ok(_) => None,
+            },
+        };
+        let Some(ended) = ended else {
+            continue;
+        };
+        if claim
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            break Err(ended);
+        }
+        // A shard won the token: its delivery is on the way.
+        let d = rx.recv().await.expect("a served waiter gets its delivery");
+        if matches!(ended, Ended::ClientGone) {
+            if let Some(undo) = d.undo {
+                let worker = sess.worker.clone();
+                let target = match &undo {
+                    Undo::ListPush { key, .. } => worker.shard_of(key),
+                };
+                hop(&worker, target, move |w| {
+                    let mut sh = w.shard.borrow_mut();
+                    apply_undo(&mut sh, undo);
+                })
+                .await;
+                serve_ready_on(&worker, target);
+            }
+            break Err(Ended::ClientGone);
+        }
+        break Ok(d);
+    };
+    handle.blocked.set(false);
+    handle.info.borrow_mut().blocked = false;
+    sess.worker.clients.borrow_mut().blocked -= 1;
+    if matches!(result, Err(Ended::ClientGone)) {
+        sess.close_after_reply = true;
+    }
+    result
+}
+
+/// Serves ready keys on another shard (after an undo made a key non-empty again).
+fn serve_ready_on(worker: &Rc<Worker>, target: usize) {
+    if target == worker.id {
+        serve_ready(worker);
+    } else {
+        worker.shared.send(target, Box::new(serve_ready));
+    }
+}
