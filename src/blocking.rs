@@ -620,6 +620,15 @@ async fn wait(
     claim: &Arc<AtomicBool>,
     timeout: Option<Duration>,
 ) -> Result<Delivery, Ended> {
+    // Replies to the commands pipelined before this one go out before it parks.
+    if !sess.out.buf.is_empty() {
+        let n = sess.out.buf.len();
+        if io::write_all(&sess.stream, &sess.out.buf).await.is_ok() {
+            sess.worker.shard.borrow_mut().stats.net_output_bytes += n as u64;
+        }
+        sess.out.buf.clear();
+        sess.flushed_mid_command += n;
+    }
     let handle = sess.handle.clone();
     handle.blocked.set(true);
     handle.info.borrow_mut().blocked = true;

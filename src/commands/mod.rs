@@ -424,11 +424,13 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
     if let Some(call) = cmd.block {
         if !sess.in_exec {
             let start = Instant::now();
+            let flushed_before = sess.flushed_mid_command;
             let mark = sess.out.buf.len();
             match call(&args) {
                 Ok(call) => crate::blocking::run_blocking(sess, call).await,
                 Err(e) => sess.out.error(&e),
             }
+            let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
             sess.record_here(cmd, &args, start, mark);
             return;
         }

@@ -126,6 +126,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         monitor_rx: None,
         stream: Rc::new(stream),
         stash: BytesMut::new(),
+        flushed_mid_command: 0,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -396,8 +397,10 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
             }
         }
         let mode = sess.reply_mode;
+        sess.flushed_mid_command = 0;
         let mark = sess.out.buf.len();
         commands::execute(sess, cmd, args).await;
+        let mark = mark.saturating_sub(sess.flushed_mid_command);
         match mode {
             // CLIENT REPLY ON answers even though replies were off when it arrived.
             ReplyMode::Off if sess.reply_mode != ReplyMode::On => sess.out.buf.truncate(mark),

@@ -45,6 +45,9 @@ pub struct Session {
     pub stream: Rc<tokio::net::TcpStream>,
     /// Input read while a command was blocked, parsed once it returns.
     pub stash: bytes::BytesMut,
+    /// Output bytes written to the socket while a command ran (a blocking command sends
+    /// the replies before it before it parks).
+    pub flushed_mid_command: usize,
 }
 
 impl Session {

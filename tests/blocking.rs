@@ -1,0 +1,395 @@
+//! Blocking commands against the real binary, at `--threads 1` and `--threads 4`:
+//! exactly-once delivery under contention, first-blocked first-served, timeouts, wake-ups
+//! after MULTI, CLIENT UNBLOCK, disconnects, cross-shard moves, and replies compared with
+//! redis-server where no waiting is involved.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Client, KiteServer, RedisServer, Resp};
+
+fn info_int(c: &mut Client, field: &str) -> i64 {
+    let text = c.cmd(&["INFO", "clients"]).as_string().unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits (bounded) until `n` clients are blocked.
+fn wait_blocked(c: &mut Client, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while info_int(c, "blocked_clients") != n {
+        assert!(Instant::now() < deadline, "expected {n} blocked clients");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn exactly_once(threads: usize) {
+    const QUEUES: usize = 10;
+    const JOBS: usize = 100_000;
+    const CONSUMERS: usize = 50;
+    let s = KiteServer::start(&[], threads);
+    let queues: Vec<String> = (0..QUEUES).map(|i| format!("queue:{i}")).collect();
+    let done_producing = Arc::new(AtomicBool::new(false));
+    let popped = Arc::new(Mutex::new(Vec::with_capacity(JOBS)));
+    let total = Arc::new(AtomicUsize::new(0));
+    thread::scope(|scope| {
+        for _ in 0..CONSUMERS {
+            let (queues, popped, total, done) = (
+                queues.clone(),
+                popped.clone(),
+                total.clone(),
+                done_producing.clone(),
+            );
+            let mut c = s.client();
+            c.set_timeout(Some(Duration::from_secs(30)));
+            scope.spawn(move || {
+                let mut mine = Vec::new();
+                let mut idle = 0;
+                // Each consumer blocks over every queue, so waiters span all shards.
+                let mut cmd: Vec<String> = vec!["BRPOP".into()];
+                cmd.extend(queues.iter().cloned());
+                cmd.push("0.2".into());
+                while idle < 3 {
+                    let r = c.cmd(&cmd);
+                    match r.as_array() {
+                        Some(pair) => {
+                            mine.push(pair[1].as_string().unwrap());
+                            total.fetch_add(1, Ordering::Relaxed);
+                            idle = 0;
+                        }
+                        None => {
+                            assert!(r.is_null(), "BRPOP returned {r}");
+                            if done.load(Ordering::Relaxed) {
+                                idle += 1;
+                            }
+                        }
+                    }
+                }
+                popped.lock().unwrap().extend(mine);
+            });
+        }
+        let queues = queues.clone();
+        let mut p = s.client();
+        let done = done_producing.clone();
+        scope.spawn(move || {
+            let mut next = 0;
+            while next < JOBS {
+                let batch: Vec<Vec<String>> = (0..100)
+                    .map(|i| {
+                        let id = next + i;
+                        vec![
+                            "LPUSH".to_string(),
+                            queues[id % QUEUES].clone(),
+                            format!("job-{id}"),
+                        ]
+                    })
+                    .collect();
+                for r in p.pipeline(&batch) {
+                    assert!(r.as_int().is_some(), "LPUSH returned {r}");
+                }
+                next += 100;
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    });
+    let popped = popped.lock().unwrap();
+    assert_eq!(popped.len(), JOBS, "every job popped once, none twice");
+    let unique: HashSet<&String> = popped.iter().collect();
+    assert_eq!(unique.len(), JOBS, "no job popped twice");
+    let mut c = s.client();
+    for q in &queues {
+        assert_eq!(c.cmd(&["LLEN", q]), Resp::Integer(0));
+    }
+    assert_eq!(info_int(&mut c, "blocked_clients"), 0);
+}
+
+#[test]
+fn exactly_once_delivery_threads1() {
+    exactly_once(1);
+}
+
+#[test]
+fn exactly_once_delivery_threads4() {
+    exactly_once(4);
+}
+
+fn first_blocked_first_served(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut admin = s.client();
+    let mut waiters: Vec<Client> = Vec::new();
+    for i in 0..3 {
+        let mut c = s.client();
+        c.send(&["BLPOP", "fifo", "0"]);
+        wait_blocked(&mut admin, i + 1);
+        waiters.push(c);
+    }
+    // One push of three elements serves three waiters in the order they blocked.
+    assert_eq!(
+        admin.cmd(&["RPUSH", "fifo", "a", "b", "c"]),
+        Resp::Integer(3)
+    );
+    for (c, want) in waiters.iter_mut().zip(["a", "b", "c"]) {
+        c.set_timeout(Some(Duration::from_secs(10)));
+        assert_eq!(
+            c.read(),
+            Resp::Array(vec![Resp::bulk("fifo"), Resp::bulk(want)])
+        );
+    }
+    assert_eq!(admin.cmd(&["EXISTS", "fifo"]), Resp::Integer(0));
+    // Waiters on several keys: the first push to any of them serves the oldest waiter.
+    let mut w1 = s.client();
+    w1.send(&["BRPOP", "k1", "k2", "k3", "0"]);
+    wait_blocked(&mut admin, 1);
+    let mut w2 = s.client();
+    w2.send(&["BRPOP", "k3", "0"]);
+    wait_blocked(&mut admin, 2);
+    admin.cmd(&["LPUSH", "k3", "x"]);
+    w1.set_timeout(Some(Duration::from_secs(10)));
+    assert_eq!(
+        w1.read(),
+        Resp::Array(vec![Resp::bulk("k3"), Resp::bulk("x")])
+    );
+    admin.cmd(&["LPUSH", "k3", "y"]);
+    w2.set_timeout(Some(Duration::from_secs(10)));
+    assert_eq!(
+        w2.read(),
+        Resp::Array(vec![Resp::bulk("k3"), Resp::bulk("y")])
+    );
+    assert_eq!(info_int(&mut admin, "blocked_clients"), 0);
+}
+
+#[test]
+fn first_blocked_first_served_threads1() {
+    first_blocked_first_served(1);
+}
+
+#[test]
+fn first_blocked_first_served_threads4() {
+    first_blocked_first_served(4);
+}
+
+fn timeouts_and_errors(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut c = s.client();
+    c.set_timeout(Some(Duration::from_secs(10)));
+    assert!(c.cmd(&["BLPOP", "none", "0.05"]).is_null());
+    // A sub-millisecond timeout is one millisecond, never "for ever".
+    assert!(c.cmd(&["BRPOP", "none", "0.0005"]).is_null());
+    assert!(c
+        .cmd(&["BLMOVE", "none", "dst", "LEFT", "RIGHT", "0.01"])
+        .is_null());
+    assert!(c.cmd(&["BLMPOP", "0.01", "2", "a", "b", "LEFT"]).is_null());
+    for (t, err) in [
+        ("-1", "ERR timeout is negative"),
+        ("abc", "ERR timeout is not a float or out of range"),
+        ("nan", "ERR timeout is not a float or out of range"),
+        ("inf", "ERR timeout is out of range"),
+    ] {
+        assert_eq!(
+            c.cmd(&["BLPOP", "k", t]),
+            Resp::Error(err.into()),
+            "timeout {t}"
+        );
+    }
+    c.cmd(&["SET", "str", "v"]);
+    assert_eq!(
+        c.cmd(&["BLPOP", "str", "0"]),
+        Resp::Error("WRONGTYPE Operation against a key holding the wrong kind of value".into())
+    );
+    assert_eq!(info_int(&mut c, "blocked_clients"), 0);
+}
+
+#[test]
+fn timeouts_and_errors_threads1() {
+    timeouts_and_errors(1);
+}
+
+#[test]
+fn timeouts_and_errors_threads4() {
+    timeouts_and_errors(4);
+}
+
+fn wakeups(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut admin = s.client();
+
+    // A push inside MULTI wakes the waiter once EXEC is done, with the final state.
+    let mut w = s.client();
+    w.send(&["BLPOP", "m", "0"]);
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["MULTI"]);
+    admin.cmd(&["RPUSH", "m", "x"]);
+    admin.cmd(&["LPUSH", "m", "y"]);
+    admin.cmd(&["EXEC"]);
+    w.set_timeout(Some(Duration::from_secs(10)));
+    assert_eq!(
+        w.read(),
+        Resp::Array(vec![Resp::bulk("m"), Resp::bulk("y")])
+    );
+    assert_eq!(
+        admin.cmd(&["LRANGE", "m", "0", "-1"]),
+        Resp::Array(vec![Resp::bulk("x")])
+    );
+
+    // Replies to earlier pipelined commands arrive before the connection parks.
+    let mut p = s.client();
+    p.set_timeout(Some(Duration::from_secs(10)));
+    p.send_raw(b"SET before 1\r\nBLPOP parked 0\r\n");
+    assert_eq!(p.read(), Resp::ok());
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["RPUSH", "parked", "v"]);
+    assert_eq!(
+        p.read(),
+        Resp::Array(vec![Resp::bulk("parked"), Resp::bulk("v")])
+    );
+
+    // Inside MULTI a blocking command does not block.
+    p.cmd(&["MULTI"]);
+    p.cmd(&["BLPOP", "empty", "0"]);
+    assert_eq!(p.cmd(&["EXEC"]), Resp::Array(vec![Resp::NullArray]));
+
+    // CLIENT UNBLOCK, as a timeout and as an error.
+    let mut u = s.client();
+    let id = u.cmd(&["CLIENT", "ID"]).as_int().unwrap().to_string();
+    u.set_timeout(Some(Duration::from_secs(10)));
+    u.send(&["BRPOP", "never", "0"]);
+    wait_blocked(&mut admin, 1);
+    assert_eq!(admin.cmd(&["CLIENT", "UNBLOCK", &id]), Resp::Integer(1));
+    assert!(u.read().is_null());
+    u.send(&["BRPOP", "never", "0"]);
+    wait_blocked(&mut admin, 1);
+    assert_eq!(
+        admin.cmd(&["CLIENT", "UNBLOCK", &id, "ERROR"]),
+        Resp::Integer(1)
+    );
+    assert_eq!(
+        u.read(),
+        Resp::Error("UNBLOCKED client unblocked via CLIENT UNBLOCK".into())
+    );
+    assert_eq!(admin.cmd(&["CLIENT", "UNBLOCK", &id]), Resp::Integer(0));
+
+    // A client that leaves stops waiting at once; nothing pushed later is lost.
+    let mut gone = s.client();
+    gone.send(&["BLPOP", "left", "0"]);
+    wait_blocked(&mut admin, 1);
+    drop(gone);
+    wait_blocked(&mut admin, 0);
+    admin.cmd(&["RPUSH", "left", "kept"]);
+    assert_eq!(admin.cmd(&["LLEN", "left"]), Resp::Integer(1));
+
+    // CLIENT KILL of a blocked client.
+    let mut k = s.client();
+    let kid = k.cmd(&["CLIENT", "ID"]).as_int().unwrap().to_string();
+    k.send(&["BLPOP", "killed", "0"]);
+    wait_blocked(&mut admin, 1);
+    assert_eq!(admin.cmd(&["CLIENT", "KILL", "ID", &kid]), Resp::Integer(1));
+    wait_blocked(&mut admin, 0);
+
+    // BRPOPLPUSH / BLMOVE into a list on another shard, and into one on the same shard.
+    for (src, dst) in [("src:a", "dst:b"), ("{t}src", "{t}dst")] {
+        let mut m = s.client();
+        m.set_timeout(Some(Duration::from_secs(10)));
+        m.send(&["BLMOVE", src, dst, "RIGHT", "LEFT", "0"]);
+        wait_blocked(&mut admin, 1);
+        admin.cmd(&["LPUSH", src, "job"]);
+        assert_eq!(m.read(), Resp::bulk("job"));
+        assert_eq!(
+            admin.cmd(&["LRANGE", dst, "0", "-1"]),
+            Resp::Array(vec![Resp::bulk("job")])
+        );
+        assert_eq!(admin.cmd(&["EXISTS", src]), Resp::Integer(0));
+    }
+
+    // BLMPOP takes up to COUNT elements from the first list that has some.
+    let mut b = s.client();
+    b.set_timeout(Some(Duration::from_secs(10)));
+    b.send(&["BLMPOP", "0", "2", "mp1", "mp2", "LEFT", "COUNT", "2"]);
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["RPUSH", "mp2", "1", "2", "3"]);
+    assert_eq!(
+        b.read(),
+        Resp::Array(vec![
+            Resp::bulk("mp2"),
+            Resp::Array(vec![Resp::bulk("1"), Resp::bulk("2")])
+        ])
+    );
+    assert_eq!(info_int(&mut admin, "blocked_clients"), 0);
+}
+
+#[test]
+fn wakeups_threads1() {
+    wakeups(1);
+}
+
+#[test]
+fn wakeups_threads4() {
+    wakeups(4);
+}
+
+/// Where nothing waits, blocking commands answer exactly as redis-server does.
+#[test]
+fn immediate_replies_match_redis() {
+    let kite = KiteServer::start(&[], 4);
+    let redis = RedisServer::start();
+    let mut k = kite.client();
+    let mut r = redis.client();
+    let script: &[&[&str]] = &[
+        &["RPUSH", "l1", "a", "b", "c"],
+        &["RPUSH", "l2", "x"],
+        &["BLPOP", "missing", "l1", "l2", "0"],
+        &["BRPOP", "l2", "l1", "1"],
+        &["BRPOP", "l2", "l1", "1"],
+        &[
+            "BLMPOP", "1", "3", "missing", "l1", "l2", "RIGHT", "COUNT", "5",
+        ],
+        &["BLMPOP", "1", "0", "l1", "LEFT"],
+        &["BLMPOP", "1", "1", "l1", "UP"],
+        &["BLMPOP", "1", "1", "l1", "LEFT", "COUNT", "0"],
+        &["RPUSH", "s", "1", "2"],
+        &["BRPOPLPUSH", "s", "d", "1"],
+        &["BLMOVE", "s", "d", "LEFT", "LEFT", "1"],
+        &["BLMOVE", "s", "d", "UP", "LEFT", "1"],
+        &["LRANGE", "d", "0", "-1"],
+        &["SET", "str", "v"],
+        &["BLMOVE", "d", "str", "LEFT", "LEFT", "1"],
+        &["BRPOP", "l1", "str", "1"],
+        &["MULTI"],
+        &["BLPOP", "none", "0"],
+        &["BRPOPLPUSH", "none", "d", "0"],
+        &["BLMPOP", "0", "1", "none", "LEFT"],
+        &["EXEC"],
+        &["LMPOP", "2", "none", "d", "LEFT", "COUNT", "1"],
+        &["LMPOP", "0", "d", "LEFT"],
+        &["RPUSH", "e", "a", "b", "a", "c", "a"],
+        &["LPOS", "e", "a"],
+        &["LPOS", "e", "a", "RANK", "-1", "COUNT", "0"],
+        &["LPOS", "e", "a", "RANK", "0"],
+        &["LPOS", "e", "a", "COUNT", "2", "MAXLEN", "3"],
+        &["LINSERT", "e", "BEFORE", "c", "z"],
+        &["LINSERT", "e", "AFTER", "nope", "z"],
+        &["LINSERT", "nokey", "AFTER", "a", "z"],
+        &["LSET", "e", "-1", "last"],
+        &["LSET", "e", "99", "x"],
+        &["LSET", "nokey", "0", "x"],
+        &["LREM", "e", "-1", "a"],
+        &["LREM", "e", "0", "a"],
+        &["LRANGE", "e", "0", "-1"],
+        &["LTRIM", "e", "1", "-2"],
+        &["LRANGE", "e", "0", "-1"],
+        &["LTRIM", "e", "5", "1"],
+        &["EXISTS", "e"],
+    ];
+    for cmd in script {
+        let (a, b) = (k.cmd(cmd), r.cmd(cmd));
+        assert_eq!(a, b, "{cmd:?}: kite {a} vs redis {b}");
+    }
+}
