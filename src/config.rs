@@ -4,7 +4,7 @@
 //! Redis parameters Kite does not act on (yet) are accepted and reported so existing
 //! configuration files and test suites keep working; `used: false` marks them.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[derive(Clone, Copy)]
 pub enum Kind {
@@ -103,6 +103,7 @@ pub static PARAMS: &[Param] = &[
         true,
     ),
     p("hz", Kind::Int(1, 500), "10", true, true),
+    p("notify-keyspace-events", Kind::Text, "", true, true),
     // Accepted and reported; no effect in Kite (yet).
     p("save", Kind::Text, "", true, false),
     p("appendonly", YESNO, "no", true, false),
@@ -309,7 +310,6 @@ pub static PARAMS: &[Param] = &[
     p("maxmemory-clients", Kind::Memory, "0", true, false),
     p("lfu-log-factor", Kind::Int(0, I64MAX), "10", true, false),
     p("lfu-decay-time", Kind::Int(0, I64MAX), "1", true, false),
-    p("notify-keyspace-events", Kind::Text, "", true, false),
     p(
         "enable-debug-command",
         Kind::Enum(&["yes", "no", "local"]),
@@ -378,6 +378,11 @@ pub fn parse_memory(s: &str) -> Option<u64> {
 
 /// Normalises a value for storage, or says why it is not acceptable.
 fn validate(param: &Param, value: &str) -> Result<String, String> {
+    if param.name == "notify-keyspace-events" {
+        return crate::pubsub::parse_classes(value)
+            .map(crate::pubsub::classes_text)
+            .ok_or_else(|| "Invalid event class character. Use 'Ag$lshzxeKEtmdn'.".to_string());
+    }
     match param.kind {
         Kind::Int(min, max) => {
             let v: i64 = value
@@ -598,6 +603,8 @@ pub struct Tunables {
     pub slowlog_max_len: AtomicUsize,
     pub latency_threshold_ms: AtomicU64,
     pub requirepass_set: AtomicBool,
+    /// notify-keyspace-events as `pubsub::class` flags.
+    pub notify_flags: AtomicU32,
 }
 
 impl Tunables {
@@ -613,6 +620,7 @@ impl Tunables {
             slowlog_max_len: AtomicUsize::new(0),
             latency_threshold_ms: AtomicU64::new(0),
             requirepass_set: AtomicBool::new(false),
+            notify_flags: AtomicU32::new(0),
         };
         t.refresh(c);
         t
@@ -635,6 +643,10 @@ impl Tunables {
         self.latency_threshold_ms
             .store(c.get_i64("latency-monitor-threshold") as u64, r);
         self.requirepass_set.store(!c.requirepass().is_empty(), r);
+        self.notify_flags.store(
+            crate::pubsub::parse_classes(c.get("notify-keyspace-events")).unwrap_or(0),
+            r,
+        );
     }
 }
 

@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod memory;
 mod protocol;
+mod pubsub;
 mod server;
 mod shard;
 mod types;
@@ -210,6 +211,7 @@ fn main() {
         active_expire: AtomicBool::new(true),
         run_id: run_id(),
         next_slowlog_id: AtomicU64::new(0),
+        subscriptions: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
     });
     memory::refresh(&shared);
     tracing::info!(

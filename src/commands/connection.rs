@@ -15,6 +15,16 @@ use crate::shard::{broadcast, unix_ms};
 pub const SERVER_VERSION: &str = "7.2.4";
 
 pub fn ping(sess: &mut Session, args: &[Bytes]) {
+    if sess.subscriptions() > 0 && !sess.out.resp3 {
+        // A subscribed RESP2 connection gets pings in the shape of its messages.
+        if args.len() > 2 {
+            return sess.error(&super::arity_error("ping"));
+        }
+        sess.out.array(2);
+        sess.out.bulk(b"pong");
+        sess.out.bulk(args.get(1).map_or(&b""[..], |a| a));
+        return;
+    }
     match args.len() {
         1 => sess.out.simple("PONG"),
         2 => sess.out.bulk(&args[1]),
@@ -34,6 +44,7 @@ pub fn quit(sess: &mut Session, _args: &[Bytes]) {
 pub fn reset(sess: &mut Session, _args: &[Bytes]) {
     sess.multi = None;
     super::transactions::unwatch_all(sess);
+    super::pubsub::unsubscribe_all(sess);
     sess.set_db(0);
     sess.out.resp3 = false;
     sess.no_touch = false;
@@ -285,7 +296,8 @@ struct KillFilter {
     laddr: Option<String>,
     user: Option<String>,
     maxage: Option<u64>,
-    type_normal_only: Option<bool>,
+    /// TYPE filter: Some("normal"), Some("pubsub"), or a replication type (matches none).
+    kind: Option<String>,
     skip_me: Option<u64>,
 }
 
@@ -325,8 +337,9 @@ fn parse_kill(sess: &Session, args: &[Bytes]) -> Result<(KillFilter, bool), Stri
             "user" => f.user = Some(text),
             "maxage" => f.maxage = Some(parse_i64(v).map_err(|e| e.to_string())?.max(0) as u64),
             "type" => match text.to_ascii_lowercase().as_str() {
-                "normal" => f.type_normal_only = Some(true),
-                "master" | "replica" | "slave" | "pubsub" => f.type_normal_only = Some(false),
+                t @ ("normal" | "master" | "replica" | "slave" | "pubsub") => {
+                    f.kind = Some(t.to_string())
+                }
                 _ => return Err(format!("ERR Unknown client type '{}'", text)),
             },
             "skipme" => match text.to_ascii_lowercase().as_str() {
@@ -390,6 +403,7 @@ async_handler!(client, |sess, args| {
         }
         "list" => {
             let mut ids: Option<Vec<u64>> = None;
+            let mut kind: Option<String> = None;
             let mut i = 2;
             while i < args.len() {
                 if eq_ci(&args[i], "type") && i + 1 < args.len() {
@@ -400,10 +414,7 @@ async_handler!(client, |sess, args| {
                             printable(&args[i + 1], 128)
                         ));
                     }
-                    if t != "normal" {
-                        // Kite has no replica or pub/sub clients yet: nothing matches.
-                        ids = Some(Vec::new());
-                    }
+                    kind = Some(t);
                     i += 2;
                 } else if eq_ci(&args[i], "id") && i + 1 < args.len() {
                     let mut list = Vec::new();
@@ -425,9 +436,17 @@ async_handler!(client, |sess, args| {
                 let mut v: Vec<(u64, String)> = clients
                     .map
                     .values()
-                    .map(|h| {
+                    .filter_map(|h| {
                         let info = h.info.borrow();
-                        (info.id, info.line(now))
+                        let pubsub = info.sub + info.psub > 0;
+                        let keep = match kind.as_deref() {
+                            None => true,
+                            Some("normal") => !pubsub,
+                            Some("pubsub") => pubsub,
+                            // Kite has no replication links yet.
+                            Some(_) => false,
+                        };
+                        keep.then(|| (info.id, info.line(now)))
                     })
                     .collect();
                 v.sort();
@@ -464,7 +483,12 @@ async_handler!(client, |sess, args| {
                         && f.maxage.is_none_or(|age| {
                             now.saturating_sub(info.created_unix_ms) / 1000 >= age
                         })
-                        && f.type_normal_only != Some(false)
+                        && match f.kind.as_deref() {
+                            None => true,
+                            Some("normal") => info.sub + info.psub == 0,
+                            Some("pubsub") => info.sub + info.psub > 0,
+                            Some(_) => false,
+                        }
                         && f.skip_me != Some(info.id);
                     if matches {
                         drop(info);

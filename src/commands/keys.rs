@@ -16,15 +16,27 @@ const SAME_OBJECT: &str = "ERR source and destination objects are the same";
 
 // ---- DEL / UNLINK / EXISTS / TOUCH ----
 
+/// Deletes keys, with a `del` event for each one that existed.
+fn delete_keys(ctx: &mut ExecCtx, keys: &[Bytes]) -> i64 {
+    let mut n = 0;
+    for k in keys {
+        if ctx.delete(k) {
+            ctx.notify(b'g', "del", k);
+            n += 1;
+        }
+    }
+    n
+}
+
 fn del_here(sh: &mut Shard, db: usize, keys: &[Bytes]) -> i64 {
     let mut out = Reply::new(false);
     let mut ctx = sh.ctx(db, &mut out);
-    keys.iter().filter(|k| ctx.delete(k)).count() as i64
+    delete_keys(&mut ctx, keys)
 }
 
 pub fn del(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let n = args[1..].iter().filter(|k| ctx.delete(k)).count();
-    ctx.out.int(n as i64);
+    let n = delete_keys(ctx, &args[1..]);
+    ctx.out.int(n);
 }
 
 /// Sums an integer computed per shard over a command's keys.
@@ -138,7 +150,9 @@ fn rename_local(ctx: &mut ExecCtx, args: &[Bytes], nx: bool) {
         return;
     }
     let (value, expire) = take_key(ctx.shard, ctx.db, src).expect("checked above");
+    ctx.notify(b'g', "rename_from", src);
     ctx.set(dst, value, expire);
+    ctx.notify(b'g', "rename_to", dst);
     if nx {
         ctx.out.int(1);
     } else {
@@ -171,12 +185,22 @@ async fn rename_spread(sess: &mut Session, args: Vec<Bytes>, tx: &Tx, nx: bool) 
             return;
         }
     }
-    let Some((value, expire)) = tx.run(src_shard, move |sh| take_key(sh, db, &src)).await else {
+    let Some((value, expire)) = tx
+        .run(src_shard, move |sh| {
+            let taken = take_key(sh, db, &src);
+            sh.event(db, b'g', "rename_from", &src);
+            taken
+        })
+        .await
+    else {
         sess.out.error(NO_SUCH_KEY);
         return;
     };
-    tx.run(dst_shard, move |sh| put_key(sh, db, &dst, value, expire))
-        .await;
+    tx.run(dst_shard, move |sh| {
+        put_key(sh, db, &dst, value, expire);
+        sh.event(db, b'g', "rename_to", &dst);
+    })
+    .await;
     if nx {
         sess.out.int(1);
     } else {
@@ -238,6 +262,7 @@ pub fn copy(ctx: &mut ExecCtx, args: &[Bytes]) {
         return ctx.out.int(0);
     }
     put_key(ctx.shard, c.dst_db, dst, value, expire);
+    ctx.shard.event(c.dst_db, b'g', "copy_to", dst);
     ctx.out.int(1);
 }
 
@@ -261,6 +286,7 @@ cross_handler!(copy_cross, |sess, args, tx| {
                 return false;
             }
             put_key(sh, dst_db, &dst, value, expire);
+            sh.event(dst_db, b'g', "copy_to", &dst);
             true
         })
         .await;
@@ -282,6 +308,8 @@ pub fn move_(ctx: &mut ExecCtx, args: &[Bytes]) {
     }
     let (value, expire) = take_key(ctx.shard, ctx.db, key).expect("checked above");
     put_key(ctx.shard, target, key, value, expire);
+    ctx.notify(b'g', "move_from", key);
+    ctx.shard.event(target, b'g', "move_to", key);
     ctx.out.int(1);
 }
 
@@ -582,8 +610,10 @@ fn expire_generic(ctx: &mut ExecCtx, args: &[Bytes], unit_ms: i64, relative: boo
     }
     if at <= ctx.now_ms as i64 {
         ctx.delete(key);
+        ctx.notify(b'g', "del", key);
     } else {
         ctx.set_expire(key, at as u64);
+        ctx.notify(b'g', "expire", key);
     }
     ctx.out.int(1);
 }
@@ -647,6 +677,7 @@ pub fn persist(ctx: &mut ExecCtx, args: &[Bytes]) {
     let has_ttl = matches!(ctx.get(&args[1]), Some(e) if e.expire_at() != 0);
     if has_ttl {
         ctx.set_expire(&args[1], 0);
+        ctx.notify(b'g', "persist", &args[1]);
     }
     ctx.out.int(has_ttl as i64);
 }

@@ -4,6 +4,7 @@ pub mod connection;
 pub mod hashes;
 pub mod keys;
 pub mod lists;
+pub mod pubsub;
 pub mod server;
 pub mod sets;
 pub mod streams;
@@ -381,6 +382,14 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
             return;
         }
     }
+    if sess.subscriptions() > 0 && !sess.out.resp3 && !pubsub::allowed_while_subscribed(cmd.name) {
+        let msg = format!(
+            "ERR Can't execute '{}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context",
+            table().display_name(cmd, &args)
+        );
+        sess.reject(&msg);
+        return;
+    }
     if !sess.authenticated && !cmd.has(flags::NO_AUTH) {
         reject_command(sess, cmd, "NOAUTH Authentication required.");
         return;
@@ -501,10 +510,10 @@ async fn run_on_shard(
                 &mut sess.out,
                 sess.no_touch,
             );
-            let ready = shard.blocking.has_ready();
+            let pending = shard.blocking.has_ready() || !shard.events.is_empty();
             drop(shard);
-            if ready {
-                crate::blocking::serve_ready(&worker);
+            if pending {
+                crate::shard::after_command(&worker);
             }
             return;
         }

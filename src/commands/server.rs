@@ -28,6 +28,8 @@ struct ThreadReport {
     clients: u64,
     blocked: u64,
     blocking_keys: u64,
+    channels: Vec<Bytes>,
+    patterns: Vec<Bytes>,
     lock_waits: u64,
     dirty: u64,
 }
@@ -79,6 +81,8 @@ fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
         ops_per_sec: sh.ops_per_sec(),
         clients: w.clients.borrow().map.len() as u64,
         blocked: w.clients.borrow().blocked as u64,
+        channels: w.clients.borrow().pubsub.channel_names().cloned().collect(),
+        patterns: w.clients.borrow().pubsub.pattern_names().cloned().collect(),
         blocking_keys: sh.blocking.keys_count() as u64,
         lock_waits: sh.locks.waited_total,
         dirty: sh.dirty,
@@ -99,6 +103,13 @@ const DEFAULT_SECTIONS: &[&str] = &[
     "keyspace",
     "transactions",
 ];
+
+fn distinct<'a>(names: impl Iterator<Item = &'a Bytes>) -> usize {
+    let mut v: Vec<&Bytes> = names.collect();
+    v.sort();
+    v.dedup();
+    v.len()
+}
 
 fn human(bytes: u64) -> String {
     let b = bytes as f64;
@@ -226,7 +237,7 @@ async_handler!(info, |sess, args| {
     if show("stats") {
         let _ = write!(
             s,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:0\r\npubsub_patterns:0\r\ntotal_error_replies:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\n\r\n",
             sum(12),
             sum(0),
             reports.iter().map(|r| r.ops_per_sec).sum::<u64>(),
@@ -236,6 +247,8 @@ async_handler!(info, |sess, args| {
             sum(9),
             sum(10),
             sum(11),
+            distinct(reports.iter().flat_map(|r| r.channels.iter())),
+            distinct(reports.iter().flat_map(|r| r.patterns.iter())),
             sum(1),
         );
     }
@@ -955,17 +968,17 @@ async_handler!(latency, |sess, args| {
 // ---- MONITOR ----
 
 async_handler!(monitor, |sess, _args| {
-    if sess.monitor_rx.is_some() {
+    if sess.monitoring {
         return sess.out.ok();
     }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let tx = sess.push_sender();
     sess.worker
         .clients
         .borrow_mut()
         .monitors
         .push((sess.id, tx));
     sess.worker.shared.monitors.fetch_add(1, Ordering::AcqRel);
-    sess.monitor_rx = Some(rx);
+    sess.monitoring = true;
     sess.handle.info.borrow_mut().monitor = true;
     sess.out.ok();
 });

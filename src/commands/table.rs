@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{connection as conn, keys, lists, server, strings, transactions as tx};
+use super::{connection as conn, keys, lists, pubsub, server, strings, transactions as tx};
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
 
@@ -184,6 +184,16 @@ pub fn all() -> Vec<Command> {
         blocking(c("blmove", 6, "write denyoom blocking", K12, "list", "6.2.0", "Moves an element between lists, waiting for one.", Multi(lists::blmove, lists::blmove_cross)), lists::blmove_call),
         blocking(c("brpoplpush", 4, "write denyoom blocking", K12, "list", "2.2.0", "Moves the last element of a list to another, waiting for one.", Multi(lists::blmove, lists::blmove_cross)), lists::blmove_call),
         blocking(c("blmpop", -5, "write blocking", Keys::Custom(lists::blmpop_keys, (2, 2, 1)), "list", "7.0.0", "Pops elements from the first non-empty list, waiting for one.", Multi(lists::blmpop, lists::blmpop_cross)), lists::blmpop_call),
+        // Pub/Sub
+        c("subscribe", -2, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Listens for messages on channels.", Conn(pubsub::subscribe)),
+        c("unsubscribe", -1, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Stops listening on channels.", Conn(pubsub::unsubscribe)),
+        c("psubscribe", -2, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Listens for messages on channels matching patterns.", Conn(pubsub::psubscribe)),
+        c("punsubscribe", -1, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Stops listening on patterns.", Conn(pubsub::punsubscribe)),
+        c("publish", 3, "pubsub loading stale fast may_replicate", NONE, "pubsub", "2.0.0", "Sends a message to a channel's subscribers.", Async(pubsub::publish)),
+        with_subcommands(
+            c("pubsub", -2, "", NONE, "pubsub", "2.8.0", "Inspects the Pub/Sub state.", Async(pubsub::pubsub)),
+            pubsub::PUBSUB_SUBCOMMANDS,
+        ),
         // Transactions
         c("multi", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "1.2.0", "Starts a transaction.", Conn(tx::multi)),
         c("exec", 1, "noscript loading stale skip_slowlog noqueue", NONE, "transactions", "1.2.0", "Runs the queued commands atomically.", Async(tx::exec)),

@@ -31,6 +31,8 @@ pub struct ClientInfo {
     pub no_touch: bool,
     pub monitor: bool,
     pub blocked: bool,
+    pub sub: usize,
+    pub psub: usize,
     pub user: &'static str,
 }
 
@@ -56,6 +58,8 @@ impl ClientInfo {
             no_touch: false,
             monitor: false,
             blocked: false,
+            sub: 0,
+            psub: 0,
             user: "default",
         }
     }
@@ -74,6 +78,9 @@ impl ClientInfo {
         if self.blocked {
             flags.push('b');
         }
+        if self.sub + self.psub > 0 {
+            flags.push('P');
+        }
         if self.no_evict {
             flags.push('e');
         }
@@ -84,7 +91,7 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub=0 psub=0 ssub=0 multi={} watch={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub=0 multi={} watch={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -94,6 +101,8 @@ impl ClientInfo {
             idle,
             flags,
             self.db,
+            self.sub,
+            self.psub,
             self.multi,
             self.watch,
             self.last_cmd,
@@ -153,6 +162,7 @@ pub struct Clients {
     pub pause_notify: Rc<Notify>,
     /// Connections of this thread waiting in a blocking command (INFO blocked_clients).
     pub blocked: usize,
+    pub pubsub: crate::pubsub::Registry,
 }
 
 impl Clients {

@@ -123,7 +123,11 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         close_after_reply: false,
         handle: handle.clone(),
         affinity: (worker.id, 0),
-        monitor_rx: None,
+        push_rx: None,
+        push_tx: None,
+        monitoring: false,
+        channels: Default::default(),
+        patterns: Default::default(),
         stream: Rc::new(stream),
         stash: BytesMut::new(),
         flushed_mid_command: 0,
@@ -174,7 +178,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
 
 fn close(sess: &mut Session) {
     commands::transactions::unwatch_all(sess);
-    if sess.monitor_rx.take().is_some() {
+    if sess.monitoring {
         let id = sess.id;
         sess.worker
             .clients
@@ -183,6 +187,7 @@ fn close(sess: &mut Session) {
             .retain(|m| m.0 != id);
         sess.worker.shared.monitors.fetch_sub(1, Ordering::AcqRel);
     }
+    commands::pubsub::unsubscribe_all(sess);
     sess.worker
         .shared
         .connected_clients
@@ -270,7 +275,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                     return Exit::Closed;
                 }
             }
-            line = next_monitor_line(&mut sess.monitor_rx) => {
+            line = next_push(&mut sess.push_rx) => {
                 if let Some(line) = line {
                     if io::write_all(&sess.stream, &line).await.is_err() {
                         return Exit::Closed;
@@ -285,9 +290,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
     }
 }
 
-async fn next_monitor_line(
-    rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
-) -> Option<Bytes> {
+async fn next_push(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>) -> Option<Bytes> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
@@ -300,7 +303,7 @@ fn migration_target(sess: &Session) -> Option<usize> {
         || count < MIGRATE_AFTER
         || sess.multi.is_some()
         || sess.watching.is_some()
-        || sess.monitor_rx.is_some()
+        || sess.push_rx.is_some()
         || !sess
             .worker
             .shared

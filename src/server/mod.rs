@@ -126,6 +126,7 @@ async fn housekeeping(worker: Rc<Worker>) {
         let now = unix_ms();
         if worker.shared.active_expire.load(Ordering::Relaxed) {
             active_expire(&worker, now);
+            crate::shard::after_command(&worker);
         }
         worker.shard.borrow_mut().sample_ops(now);
         close_idle_clients(&worker);

@@ -39,8 +39,14 @@ pub struct Session {
     pub handle: Rc<ClientHandle>,
     /// The shard the recent keyed commands went to, and how many in a row.
     pub affinity: (usize, u32),
-    /// Lines of executed commands, for a connection in MONITOR mode.
-    pub monitor_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
+    /// Messages pushed to this connection outside request/reply: MONITOR lines and
+    /// Pub/Sub messages, already encoded.
+    pub push_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
+    pub push_tx: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+    pub monitoring: bool,
+    /// Pub/Sub channels and patterns this connection is subscribed to.
+    pub channels: hashbrown::HashSet<Bytes>,
+    pub patterns: hashbrown::HashSet<Bytes>,
     /// The socket, shared so a blocked command can notice the client leaving.
     pub stream: Rc<tokio::net::TcpStream>,
     /// Input read while a command was blocked, parsed once it returns.
@@ -109,6 +115,21 @@ impl Session {
             c.failed += 1;
             st.record_error(&self.out.buf[mark..]);
         }
+    }
+
+    /// The channel for pushed messages, created on first use.
+    pub fn push_sender(&mut self) -> tokio::sync::mpsc::UnboundedSender<Bytes> {
+        if let Some(tx) = &self.push_tx {
+            return tx.clone();
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.push_tx = Some(tx.clone());
+        self.push_rx = Some(rx);
+        tx
+    }
+
+    pub fn subscriptions(&self) -> usize {
+        self.channels.len() + self.patterns.len()
     }
 
     pub fn set_db(&mut self, db: usize) {

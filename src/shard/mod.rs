@@ -56,6 +56,9 @@ pub struct Shared {
     /// 40 hex characters naming this run of the server (INFO's run_id).
     pub run_id: String,
     pub next_slowlog_id: AtomicU64,
+    /// Pub/Sub subscriptions held by each thread's connections, so publishers skip
+    /// threads with none.
+    pub subscriptions: Vec<AtomicUsize>,
 }
 
 impl Shared {
@@ -90,6 +93,7 @@ impl Shared {
             active_expire: AtomicBool::new(true),
             run_id: "0".repeat(40),
             next_slowlog_id: AtomicU64::new(0),
+            subscriptions: (0..nshards).map(|_| AtomicUsize::new(0)).collect(),
         })
     }
 
@@ -243,6 +247,8 @@ pub struct Shard {
     pub watches: WatchTable,
     /// Clients blocked on keys of this shard.
     pub blocking: crate::blocking::BlockTable,
+    /// Keyspace events of the running command, published when it ends.
+    pub events: Vec<(usize, &'static str, Bytes)>,
     pub stats: Stats,
     /// Write operations since start (`rdb_changes_since_last_save`).
     pub dirty: u64,
@@ -269,6 +275,7 @@ impl Shard {
                 .collect(),
             locks: LockTable::default(),
             blocking: Default::default(),
+            events: Vec::new(),
             watches: WatchTable::new(databases),
             stats: Stats {
                 commands: vec![CmdStat::default(); ncommands],
@@ -383,6 +390,14 @@ impl Shard {
         if self.dbs[db].table.remove(key).is_some() {
             self.stats.expired_keys += 1;
             self.watches.touch_expired(db, key);
+            self.event(db, b'x', "expired", key);
+        }
+    }
+
+    /// Records a keyspace event if anyone listens to its class.
+    pub fn event(&mut self, db: usize, class: u8, event: &'static str, key: &[u8]) {
+        if crate::pubsub::wanted(&self.shared, class) {
+            self.events.push((db, event, Bytes::copy_from_slice(key)));
         }
     }
 
@@ -423,6 +438,7 @@ impl Shard {
             for key in expired {
                 self.stats.expired_keys += 1;
                 self.watches.touch_expired(db, &key);
+                self.event(db, b'x', "expired", &key);
             }
         }
         more
@@ -501,6 +517,11 @@ impl ExecCtx<'_> {
 
     /// Like `get` but counts a keyspace hit or miss, as Redis's read lookups do.
     pub fn get_read(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        if crate::pubsub::wanted(&self.shard.shared, b'm') && !self.exists(key) {
+            self.misses += 1;
+            self.shard.event(self.db, b'm', "keymiss", key);
+            return None;
+        }
         let lru = self.shard.lru_clock();
         match self.shard.lookup(self.db, key, self.now_ms) {
             Some(e) => {
@@ -524,9 +545,12 @@ impl ExecCtx<'_> {
     /// Stores `value` at `key` with expiry `expire_at` (0: none) and signals the change.
     pub fn set(&mut self, key: &[u8], value: Value, expire_at: u64) {
         let lru = self.shard.lru_clock();
-        self.shard.dbs[self.db]
+        let old = self.shard.dbs[self.db]
             .table
             .insert(key, value, expire_at, lru);
+        if old.is_none() {
+            self.shard.event(self.db, b'n', "new", key);
+        }
         self.shard.modified(self.db, key);
     }
 
@@ -556,9 +580,7 @@ impl ExecCtx<'_> {
     /// Records a keyspace event (`class` is its letter in notify-keyspace-events: b'g',
     /// b'$', b'l', b's', b'h', b'z', b'x', b't', b'e'...), published when the command ends.
     pub fn notify(&mut self, class: u8, event: &'static str, key: &[u8]) {
-        // Keyspace notifications are published by the pub/sub work (issue 4); until it
-        // lands no event has a subscriber to reach.
-        let _ = (class, event, key);
+        self.shard.event(self.db, class, event, key);
     }
 
     /// Tells blocked clients that `key` gained elements; they are served when the command
@@ -691,10 +713,11 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         }
     }
     while let Some((cmd, args)) = batch.cmds.pop_front() {
-        if !atomic && shard.blocking.has_ready() {
-            // Blocked clients are served after each command, before the next one runs.
+        if !atomic && (shard.blocking.has_ready() || !shard.events.is_empty()) {
+            // Events go out and blocked clients are served after each command, before
+            // the next one runs.
             drop(shard);
-            crate::blocking::serve_ready(worker);
+            after_command(worker);
             shard = worker.shard.borrow_mut();
         }
         if !atomic && !shard.locks.is_idle() {
@@ -722,7 +745,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         );
     }
     drop(shard);
-    crate::blocking::serve_ready(worker);
+    after_command(worker);
     let _ = batch.done.send(BatchResult {
         out: batch.out,
         aborted: false,
@@ -766,6 +789,21 @@ pub async fn run_batch_on(
     rx.await.expect("shard thread stopped")
 }
 
+/// What follows every command (or transaction) on a shard: its keyspace events are
+/// published, then clients blocked on keys it filled are served.
+pub fn after_command(worker: &Rc<Worker>) {
+    loop {
+        let events = std::mem::take(&mut worker.shard.borrow_mut().events);
+        for (db, event, key) in events {
+            crate::pubsub::publish_event(worker, db, event, &key);
+        }
+        crate::blocking::serve_ready(worker);
+        if worker.shard.borrow().events.is_empty() {
+            break;
+        }
+    }
+}
+
 /// Releases locks held on this thread's shard, starts whatever was waiting for them, and
 /// serves clients blocked on keys the transaction filled.
 pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
@@ -773,5 +811,5 @@ pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
     for f in runnable {
         f();
     }
-    crate::blocking::serve_ready(worker);
+    after_command(worker);
 }

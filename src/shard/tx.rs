@@ -5,6 +5,7 @@
 //! those shards, and releases everything when dropped. Commands on other keys are never
 //! held up by it.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
@@ -18,6 +19,9 @@ pub struct Tx {
     worker: Rc<Worker>,
     pub id: u64,
     held: Vec<(usize, LockKeys)>,
+    /// Keyspace events of the steps, published in step order once the locks go (shards
+    /// publishing on their own could reorder them).
+    events: RefCell<Vec<(usize, &'static str, Bytes)>>,
 }
 
 /// Groups keys by owning shard, in ascending shard order, keeping repeats (EXISTS a a
@@ -47,6 +51,7 @@ impl Tx {
             worker: worker.clone(),
             id,
             held: Vec::with_capacity(wants.len()),
+            events: RefCell::new(Vec::new()),
         };
         for (shard, keys) in wants {
             let (grant, granted) = oneshot::channel();
@@ -90,7 +95,14 @@ impl Tx {
         R: Send + 'static,
         F: FnOnce(&mut Shard) -> R + Send + 'static,
     {
-        hop(&self.worker, shard, move |w| f(&mut w.shard.borrow_mut())).await
+        let (result, events) = hop(&self.worker, shard, move |w| {
+            let mut sh = w.shard.borrow_mut();
+            let result = f(&mut sh);
+            (result, std::mem::take(&mut sh.events))
+        })
+        .await;
+        self.events.borrow_mut().extend(events);
+        result
     }
 }
 
@@ -105,6 +117,9 @@ impl Drop for Tx {
                     .shared
                     .send(shard, Box::new(move |w| release_locks(w, &keys)));
             }
+        }
+        for (db, event, key) in self.events.take() {
+            crate::pubsub::publish_event(&self.worker, db, event, &key);
         }
     }
 }

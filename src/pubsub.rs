@@ -1,0 +1,306 @@
+//! Pub/Sub delivery and keyspace notifications.
+//!
+//! Each thread keeps the subscriptions of its own connections. A message published on
+//! any thread is sent to every thread that has at least one subscription (a per-thread
+//! count in `Shared` lets publishers skip the others), which encodes it for each local
+//! subscriber in that subscriber's protocol and queues it on the subscriber's connection.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use hashbrown::HashMap;
+use tokio::sync::mpsc;
+
+use crate::commands::util::glob_match;
+use crate::protocol::reply::Reply;
+use crate::shard::{Shared, Worker};
+
+struct Subscriber {
+    tx: mpsc::UnboundedSender<Bytes>,
+    resp3: bool,
+}
+
+/// The subscriptions of one thread's connections.
+#[derive(Default)]
+pub struct Registry {
+    channels: HashMap<Bytes, Vec<u64>>,
+    patterns: HashMap<Bytes, Vec<u64>>,
+    subscribers: HashMap<u64, Subscriber>,
+}
+
+impl Registry {
+    pub fn set_subscriber(&mut self, id: u64, tx: mpsc::UnboundedSender<Bytes>, resp3: bool) {
+        self.subscribers.insert(id, Subscriber { tx, resp3 });
+    }
+
+    /// Adds `id` to a channel (or pattern); false if it was there already.
+    pub fn subscribe(&mut self, id: u64, name: &Bytes, pattern: bool) -> bool {
+        let map = if pattern {
+            &mut self.patterns
+        } else {
+            &mut self.channels
+        };
+        let ids = map.entry(name.clone()).or_default();
+        if ids.contains(&id) {
+            return false;
+        }
+        ids.push(id);
+        true
+    }
+
+    pub fn unsubscribe(&mut self, id: u64, name: &Bytes, pattern: bool) -> bool {
+        let map = if pattern {
+            &mut self.patterns
+        } else {
+            &mut self.channels
+        };
+        let Some(ids) = map.get_mut(name) else {
+            return false;
+        };
+        let before = ids.len();
+        ids.retain(|&i| i != id);
+        let removed = ids.len() != before;
+        if ids.is_empty() {
+            map.remove(name);
+        }
+        removed
+    }
+
+    pub fn drop_subscriber(&mut self, id: u64) {
+        self.subscribers.remove(&id);
+    }
+
+    /// Delivers a message to this thread's subscribers; returns how many received it.
+    pub fn deliver(&self, channel: &[u8], message: &[u8]) -> usize {
+        let mut n = 0;
+        if let Some(ids) = self.channels.get(channel) {
+            for id in ids {
+                if let Some(s) = self.subscribers.get(id) {
+                    let mut r = Reply::new(s.resp3);
+                    r.push(3);
+                    r.bulk(b"message");
+                    r.bulk(channel);
+                    r.bulk(message);
+                    let _ = s.tx.send(r.buf.freeze());
+                    n += 1;
+                }
+            }
+        }
+        for (pattern, ids) in &self.patterns {
+            if !glob_match(pattern, channel, false) {
+                continue;
+            }
+            for id in ids {
+                if let Some(s) = self.subscribers.get(id) {
+                    let mut r = Reply::new(s.resp3);
+                    r.push(4);
+                    r.bulk(b"pmessage");
+                    r.bulk(pattern);
+                    r.bulk(channel);
+                    r.bulk(message);
+                    let _ = s.tx.send(r.buf.freeze());
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    pub fn channel_names(&self) -> impl Iterator<Item = &Bytes> {
+        self.channels.keys()
+    }
+
+    pub fn channel_subscribers(&self, channel: &[u8]) -> usize {
+        self.channels.get(channel).map_or(0, |v| v.len())
+    }
+
+    pub fn pattern_count(&self) -> usize {
+        self.patterns.len()
+    }
+
+    pub fn pattern_names(&self) -> impl Iterator<Item = &Bytes> {
+        self.patterns.keys()
+    }
+}
+
+/// Publishes without waiting for the count (keyspace notifications).
+pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) {
+    let shared = &worker.shared;
+    for t in 0..worker.nshards() {
+        if shared.subscriptions[t].load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        if t == worker.id {
+            worker.clients.borrow().pubsub.deliver(&channel, &message);
+        } else {
+            let (c, m) = (channel.clone(), message.clone());
+            shared.send(
+                t,
+                Box::new(move |w| {
+                    w.clients.borrow().pubsub.deliver(&c, &m);
+                }),
+            );
+        }
+    }
+}
+
+/// Publishes and counts the receivers on every thread (PUBLISH).
+pub async fn publish_counted(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
+    let shared = worker.shared.clone();
+    let mut waiting = Vec::new();
+    let mut n = 0;
+    for t in 0..worker.nshards() {
+        if shared.subscriptions[t].load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        if t == worker.id {
+            n += worker.clients.borrow().pubsub.deliver(&channel, &message);
+        } else {
+            let (c, m) = (channel.clone(), message.clone());
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shared.send(
+                t,
+                Box::new(move |w| {
+                    let _ = tx.send(w.clients.borrow().pubsub.deliver(&c, &m));
+                }),
+            );
+            waiting.push(rx);
+        }
+    }
+    for rx in waiting {
+        n += rx.await.unwrap_or(0);
+    }
+    n
+}
+
+/// Keyspace event classes, as letters of notify-keyspace-events.
+pub mod class {
+    pub const KEYSPACE: u32 = 1 << 0;
+    pub const KEYEVENT: u32 = 1 << 1;
+    pub const GENERIC: u32 = 1 << 2;
+    pub const STRING: u32 = 1 << 3;
+    pub const LIST: u32 = 1 << 4;
+    pub const SET: u32 = 1 << 5;
+    pub const HASH: u32 = 1 << 6;
+    pub const ZSET: u32 = 1 << 7;
+    pub const EXPIRED: u32 = 1 << 8;
+    pub const EVICTED: u32 = 1 << 9;
+    pub const STREAM: u32 = 1 << 10;
+    pub const KEY_MISS: u32 = 1 << 11;
+    pub const MODULE: u32 = 1 << 12;
+    pub const NEW: u32 = 1 << 13;
+    /// `A`: every class but key-miss and new.
+    pub const ALL: u32 =
+        GENERIC | STRING | LIST | SET | HASH | ZSET | EXPIRED | EVICTED | STREAM | MODULE;
+
+    pub fn of_letter(c: u8) -> Option<u32> {
+        Some(match c {
+            b'A' => ALL,
+            b'g' => GENERIC,
+            b'$' => STRING,
+            b'l' => LIST,
+            b's' => SET,
+            b'h' => HASH,
+            b'z' => ZSET,
+            b'x' => EXPIRED,
+            b'e' => EVICTED,
+            b't' => STREAM,
+            b'K' => KEYSPACE,
+            b'E' => KEYEVENT,
+            b'm' => KEY_MISS,
+            b'd' => MODULE,
+            b'n' => NEW,
+            _ => return None,
+        })
+    }
+}
+
+/// Parses notify-keyspace-events; None for a character Redis does not know.
+pub fn parse_classes(s: &str) -> Option<u32> {
+    s.bytes()
+        .try_fold(0u32, |acc, c| class::of_letter(c).map(|f| acc | f))
+}
+
+/// The canonical text of a set of classes, as CONFIG GET prints it.
+pub fn classes_text(flags: u32) -> String {
+    let mut s = String::new();
+    if flags & class::ALL == class::ALL {
+        s.push('A');
+    } else {
+        for (c, f) in [
+            ('g', class::GENERIC),
+            ('$', class::STRING),
+            ('l', class::LIST),
+            ('s', class::SET),
+            ('h', class::HASH),
+            ('z', class::ZSET),
+            ('x', class::EXPIRED),
+            ('e', class::EVICTED),
+            ('t', class::STREAM),
+            ('d', class::MODULE),
+        ] {
+            if flags & f != 0 {
+                s.push(c);
+            }
+        }
+    }
+    for (c, f) in [
+        ('K', class::KEYSPACE),
+        ('E', class::KEYEVENT),
+        ('m', class::KEY_MISS),
+        ('n', class::NEW),
+    ] {
+        if flags & f != 0 {
+            s.push(c);
+        }
+    }
+    s
+}
+
+/// Maps a class letter used by the command families to its flag.
+pub fn class_of(letter: u8) -> u32 {
+    if letter == b'A' {
+        return 0;
+    }
+    class::of_letter(letter).unwrap_or(0)
+}
+
+/// Whether events of class `letter` are published at all right now.
+#[inline]
+pub fn wanted(shared: &Shared, letter: u8) -> bool {
+    let flags = shared.tunables.notify_flags.load(Ordering::Relaxed);
+    flags & (class::KEYSPACE | class::KEYEVENT) != 0 && flags & class_of(letter) != 0
+}
+
+/// Publishes one keyspace event on the keyspace and keyevent channels as configured.
+pub fn publish_event(worker: &Rc<Worker>, db: usize, event: &str, key: &[u8]) {
+    let flags = worker.shared.tunables.notify_flags.load(Ordering::Relaxed);
+    if flags & class::KEYSPACE != 0 {
+        let mut channel = format!("__keyspace@{db}__:").into_bytes();
+        channel.extend_from_slice(key);
+        publish(
+            worker,
+            Bytes::from(channel),
+            Bytes::copy_from_slice(event.as_bytes()),
+        );
+    }
+    if flags & class::KEYEVENT != 0 {
+        let channel = format!("__keyevent@{db}__:{event}");
+        publish(worker, Bytes::from(channel), Bytes::copy_from_slice(key));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_round_trip() {
+        assert_eq!(classes_text(parse_classes("KEA").unwrap()), "AKE");
+        assert_eq!(classes_text(parse_classes("Kl$").unwrap()), "$lK");
+        assert_eq!(classes_text(parse_classes("").unwrap()), "");
+        assert!(parse_classes("Kq").is_none());
+        assert_eq!(classes_text(parse_classes("AKEmn").unwrap()), "AKEmn");
+    }
+}

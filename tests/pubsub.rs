@@ -1,0 +1,166 @@
+//! Pub/Sub and keyspace notifications against the real binary, compared with
+//! redis-server where both can run the same script.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Client, KiteServer, RedisServer, Resp};
+
+fn read(c: &mut Client) -> Resp {
+    c.set_timeout(Some(Duration::from_secs(10)));
+    c.read()
+}
+
+/// The same conversation between a subscriber and a publisher, against both servers.
+fn conversation(port_sub: &mut Client, publisher: &mut Client) -> Vec<Resp> {
+    let mut out = Vec::new();
+    let s = port_sub;
+    s.send(&["SUBSCRIBE", "news", "sport"]);
+    out.push(read(s));
+    out.push(read(s));
+    s.send(&["PSUBSCRIBE", "n*", "x?z"]);
+    out.push(read(s));
+    out.push(read(s));
+    out.push(s.cmd(&["GET", "k"]));
+    out.push(s.cmd(&["PING"]));
+    out.push(s.cmd(&["PING", "hi"]));
+    out.push(publisher.cmd(&["PUBLISH", "news", "hello"]));
+    out.push(read(s));
+    out.push(read(s));
+    out.push(publisher.cmd(&["PUBLISH", "xyz", "pattern only"]));
+    out.push(read(s));
+    out.push(publisher.cmd(&["PUBLISH", "nobody", "x"]));
+    out.push(read(s));
+    out.push(publisher.cmd(&["PUBSUB", "NUMSUB", "news", "sport", "none"]));
+    out.push(publisher.cmd(&["PUBSUB", "NUMPAT"]));
+    out.push(publisher.cmd(&["PUBSUB", "CHANNELS", "s*"]));
+    s.send(&["UNSUBSCRIBE", "news"]);
+    out.push(read(s));
+    s.send(&["UNSUBSCRIBE"]);
+    out.push(read(s));
+    s.send(&["PUNSUBSCRIBE"]);
+    out.push(read(s));
+    out.push(read(s));
+    s.send(&["UNSUBSCRIBE"]);
+    out.push(read(s));
+    out.push(s.cmd(&["PING"]));
+    out
+}
+
+#[test]
+fn pubsub_replies_match_redis() {
+    let kite = KiteServer::start(&[], 4);
+    let redis = RedisServer::start();
+    let k = conversation(&mut kite.client(), &mut kite.client());
+    let r = conversation(&mut redis.client(), &mut redis.client());
+    for (i, (a, b)) in k.iter().zip(&r).enumerate() {
+        assert_eq!(a, b, "step {i}: kite {a} vs redis {b}");
+    }
+}
+
+#[test]
+fn messages_cross_threads_and_protocols() {
+    let s = KiteServer::start(&[], 4);
+    let mut subs: Vec<Client> = (0..4).map(|_| s.client()).collect();
+    for (i, c) in subs.iter_mut().enumerate() {
+        if i % 2 == 1 {
+            let hello = c.cmd(&["HELLO", "3"]);
+            assert!(matches!(hello, Resp::Map(_)));
+        }
+        c.send(&["SUBSCRIBE", "jobs"]);
+        let r = read(c);
+        assert_eq!(r.as_array().unwrap()[0], Resp::bulk("subscribe"));
+    }
+    let mut p = s.client();
+    assert_eq!(p.cmd(&["PUBLISH", "jobs", "j1"]), Resp::Integer(4));
+    for (i, c) in subs.iter_mut().enumerate() {
+        let m = read(c);
+        let want = vec![Resp::bulk("message"), Resp::bulk("jobs"), Resp::bulk("j1")];
+        if i % 2 == 1 {
+            assert_eq!(m, Resp::Push(want), "RESP3 subscribers get push messages");
+        } else {
+            assert_eq!(m, Resp::Array(want));
+        }
+    }
+    // A RESP3 subscriber may still run ordinary commands.
+    assert_eq!(subs[1].cmd(&["SET", "x", "1"]), Resp::ok());
+    let list = p
+        .cmd(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .as_string()
+        .unwrap();
+    assert_eq!(list.lines().count(), 4, "{list}");
+    drop(subs);
+    // Subscribers that left are no longer counted.
+    let mut n = 4;
+    for _ in 0..200 {
+        n = p.cmd(&["PUBLISH", "jobs", "j2"]).as_int().unwrap();
+        if n == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn keyspace_notifications() {
+    let s = KiteServer::start(&[], 4);
+    let mut admin = s.client();
+    assert_eq!(
+        admin.cmd(&["CONFIG", "SET", "notify-keyspace-events", "KEA"]),
+        Resp::ok()
+    );
+    assert_eq!(
+        admin.cmd(&["CONFIG", "GET", "notify-keyspace-events"]),
+        Resp::Array(vec![
+            Resp::bulk("notify-keyspace-events"),
+            Resp::bulk("AKE")
+        ])
+    );
+    assert!(admin
+        .cmd(&["CONFIG", "SET", "notify-keyspace-events", "KQ"])
+        .error_text()
+        .unwrap()
+        .contains("Invalid event class character"));
+    let mut sub = s.client();
+    sub.send(&["PSUBSCRIBE", "__keyevent@0__:*"]);
+    read(&mut sub);
+    let mut expect = |c: &mut Client, event: &str, key: &str| {
+        let m = read(c);
+        let a = m.as_array().unwrap();
+        assert_eq!(a[2], Resp::bulk(format!("__keyevent@0__:{event}")), "{m}");
+        assert_eq!(a[3], Resp::bulk(key), "{m}");
+    };
+    admin.cmd(&["RPUSH", "q", "a", "b"]);
+    expect(&mut sub, "rpush", "q");
+    admin.cmd(&["LPOP", "q"]);
+    expect(&mut sub, "lpop", "q");
+    admin.cmd(&["EXPIRE", "q", "100"]);
+    expect(&mut sub, "expire", "q");
+    admin.cmd(&["RENAME", "q", "q2"]);
+    expect(&mut sub, "rename_from", "q");
+    expect(&mut sub, "rename_to", "q2");
+    admin.cmd(&["DEL", "q2"]);
+    expect(&mut sub, "del", "q2");
+    // Writes inside MULTI notify too, and expiry does.
+    admin.cmd(&["MULTI"]);
+    admin.cmd(&["LPUSH", "m", "1"]);
+    admin.cmd(&["PEXPIRE", "m", "20"]);
+    admin.cmd(&["EXEC"]);
+    expect(&mut sub, "lpush", "m");
+    expect(&mut sub, "expire", "m");
+    expect(&mut sub, "expired", "m");
+    // Blocked pops served by a push emit the pop.
+    let mut waiter = s.client();
+    waiter.send(&["BLPOP", "w", "0"]);
+    std::thread::sleep(Duration::from_millis(100));
+    admin.cmd(&["RPUSH", "w", "x"]);
+    expect(&mut sub, "rpush", "w");
+    expect(&mut sub, "lpop", "w");
+    expect(&mut sub, "del", "w");
+    assert_eq!(
+        read(&mut waiter),
+        Resp::Array(vec![Resp::bulk("w"), Resp::bulk("x")])
+    );
+}
