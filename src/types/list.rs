@@ -1,18 +1,212 @@
-//! The list value. The representation is private so it can become more compact later
-//! without touching the command family.
+//! The list value: a deque of chunks, each holding up to ~8 KiB of packed elements.
+//!
+//! A queued job must cost no more memory than in Redis, which packs list elements into
+//! listpacks of 8 KiB. Here each element is stored as `varint(len) bytes varint_rev(len)`
+//! inside its chunk's buffer, so both ends can be read and popped without per-element
+//! allocations: a 150-byte job costs 154 bytes plus a share of its chunk's header.
+//! Chunks grow towards the end for pushes at the tail and are filled from their end for
+//! pushes at the head, so both kinds of push append without moving data.
 
 use std::collections::VecDeque;
 
+/// Target size of a chunk's packed data (Redis's default list-max-listpack-size -2).
+const CHUNK_BYTES: usize = 8192;
+
+/// Redis 7.2 keeps a list in a single listpack while it stays under 8 KiB and 128
+/// entries; OBJECT ENCODING reports that.
+const LISTPACK_MAX_ITEMS: usize = 128;
+
 #[derive(Clone, Debug, Default)]
-pub struct List {
-    items: VecDeque<Box<[u8]>>,
-    bytes: usize,
+struct Chunk {
+    /// Packed elements live in `data[head..]`.
+    data: Vec<u8>,
+    head: usize,
+    count: usize,
 }
 
-/// Redis 7.2 keeps a list in one listpack while it stays under 8 KiB (and 128 entries
-/// for our estimate); OBJECT ENCODING reports that.
-const LISTPACK_MAX_BYTES: usize = 8192;
-const LISTPACK_MAX_ITEMS: usize = 128;
+fn varint_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 0x80 {
+        n >>= 7;
+        len += 1;
+    }
+    len
+}
+
+fn encoded_len(n: usize) -> usize {
+    2 * varint_len(n) + n
+}
+
+/// Writes `v` packed into `out` (which has exactly `encoded_len(v.len())` bytes).
+fn encode_into(out: &mut [u8], v: &[u8]) {
+    let n = v.len();
+    let k = varint_len(n);
+    let mut x = n;
+    for b in out.iter_mut().take(k) {
+        *b = (x & 0x7f) as u8 | if x >= 0x80 { 0x80 } else { 0 };
+        x >>= 7;
+    }
+    out[k..k + n].copy_from_slice(v);
+    // The trailing copy is stored most-significant group first, so it can be read
+    // backwards from the end of the element.
+    let tail = &mut out[k + n..];
+    let mut x = n;
+    for i in (0..k).rev() {
+        tail[i] = (x & 0x7f) as u8 | if i > 0 { 0x80 } else { 0 };
+        x >>= 7;
+    }
+}
+
+/// Reads the element starting at `pos`: (payload range, next position).
+fn decode_at(data: &[u8], pos: usize) -> (std::ops::Range<usize>, usize) {
+    let mut n = 0usize;
+    let mut shift = 0;
+    let mut p = pos;
+    loop {
+        let b = data[p];
+        n |= ((b & 0x7f) as usize) << shift;
+        p += 1;
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+    }
+    let k = p - pos;
+    (p..p + n, p + n + k)
+}
+
+/// Reads the element ending at `end`: (payload range, its start position).
+fn decode_before(data: &[u8], end: usize) -> (std::ops::Range<usize>, usize) {
+    let mut n = 0usize;
+    let mut shift = 0;
+    let mut p = end;
+    loop {
+        p -= 1;
+        let b = data[p];
+        n |= ((b & 0x7f) as usize) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+    }
+    let k = end - p;
+    let payload_end = p;
+    let start = payload_end - n - k;
+    (payload_end - n..payload_end, start)
+}
+
+impl Chunk {
+    fn used(&self) -> usize {
+        self.data.len() - self.head
+    }
+
+    fn push_back(&mut self, v: &[u8]) {
+        let need = encoded_len(v.len());
+        let at = self.data.len();
+        if self.data.capacity() - at < need {
+            // Grow in steps up to the chunk size, then exactly: a queue's last chunk
+            // should not hold twice the memory it uses.
+            let target = (self.data.capacity() * 2)
+                .clamp(64, CHUNK_BYTES)
+                .max(at + need);
+            self.data.reserve_exact(target - at);
+        }
+        self.data.resize(at + need, 0);
+        encode_into(&mut self.data[at..], v);
+        self.count += 1;
+    }
+
+    fn push_front(&mut self, v: &[u8]) {
+        let need = encoded_len(v.len());
+        debug_assert!(self.head >= need);
+        self.head -= need;
+        let head = self.head;
+        encode_into(&mut self.data[head..head + need], v);
+        self.count += 1;
+    }
+
+    fn front(&self) -> (std::ops::Range<usize>, usize) {
+        decode_at(&self.data, self.head)
+    }
+
+    fn back(&self) -> (std::ops::Range<usize>, usize) {
+        decode_before(&self.data, self.data.len())
+    }
+
+    fn pop_front(&mut self) -> Box<[u8]> {
+        let (range, next) = self.front();
+        let v: Box<[u8]> = self.data[range].into();
+        self.head = next;
+        self.count -= 1;
+        v
+    }
+
+    fn pop_back(&mut self) -> Box<[u8]> {
+        let (range, start) = self.back();
+        let v: Box<[u8]> = self.data[range].into();
+        self.data.truncate(start);
+        self.count -= 1;
+        v
+    }
+
+    fn iter(&self) -> ChunkIter<'_> {
+        ChunkIter {
+            data: &self.data,
+            front: self.head,
+            back: self.data.len(),
+            left: self.count,
+        }
+    }
+
+    /// Rebuilds the chunk from `items` (for edits in the middle).
+    fn from_items<'a>(items: impl Iterator<Item = &'a [u8]>) -> Chunk {
+        let mut c = Chunk::default();
+        for v in items {
+            c.push_back(v);
+        }
+        c
+    }
+}
+
+struct ChunkIter<'a> {
+    data: &'a [u8],
+    front: usize,
+    back: usize,
+    left: usize,
+}
+
+impl<'a> Iterator for ChunkIter<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.left == 0 {
+            return None;
+        }
+        let (range, next) = decode_at(self.data, self.front);
+        self.front = next;
+        self.left -= 1;
+        Some(&self.data[range])
+    }
+}
+
+impl DoubleEndedIterator for ChunkIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        let (range, start) = decode_before(self.data, self.back);
+        self.back = start;
+        self.left -= 1;
+        Some(&self.data[range])
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct List {
+    chunks: VecDeque<Chunk>,
+    len: usize,
+    bytes: usize,
+}
 
 impl List {
     pub fn new() -> List {
@@ -20,104 +214,201 @@ impl List {
     }
 
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    pub fn push_front(&mut self, v: &[u8]) {
-        self.bytes += v.len();
-        self.items.push_front(v.into());
+        self.len == 0
     }
 
     pub fn push_back(&mut self, v: &[u8]) {
+        let need = encoded_len(v.len());
+        let fits = self
+            .chunks
+            .back()
+            .is_some_and(|c| c.data.len() + need <= CHUNK_BYTES || c.count == 0);
+        if !fits {
+            self.chunks.push_back(Chunk::default());
+        }
+        self.chunks.back_mut().expect("a chunk").push_back(v);
+        self.len += 1;
         self.bytes += v.len();
-        self.items.push_back(v.into());
+    }
+
+    pub fn push_front(&mut self, v: &[u8]) {
+        let need = encoded_len(v.len());
+        let fits = self
+            .chunks
+            .front()
+            .is_some_and(|c| c.head >= need && c.used() + need <= CHUNK_BYTES);
+        if !fits {
+            // A chunk for head pushes is filled from its end.
+            let size = CHUNK_BYTES.max(need);
+            self.chunks.push_front(Chunk {
+                data: vec![0; size],
+                head: size,
+                count: 0,
+            });
+        }
+        self.chunks.front_mut().expect("a chunk").push_front(v);
+        self.len += 1;
+        self.bytes += v.len();
     }
 
     pub fn pop_front(&mut self) -> Option<Box<[u8]>> {
-        let v = self.items.pop_front()?;
+        let c = self.chunks.front_mut()?;
+        let v = c.pop_front();
+        if c.count == 0 {
+            self.chunks.pop_front();
+        }
+        self.len -= 1;
         self.bytes -= v.len();
         Some(v)
     }
 
     pub fn pop_back(&mut self) -> Option<Box<[u8]>> {
-        let v = self.items.pop_back()?;
+        let c = self.chunks.back_mut()?;
+        let v = c.pop_back();
+        if c.count == 0 {
+            self.chunks.pop_back();
+        }
+        self.len -= 1;
         self.bytes -= v.len();
         Some(v)
     }
 
+    /// The chunk holding element `index`, and the element's position inside it.
+    fn locate(&self, index: usize) -> Option<(usize, usize)> {
+        if index >= self.len {
+            return None;
+        }
+        let mut i = index;
+        for (ci, c) in self.chunks.iter().enumerate() {
+            if i < c.count {
+                return Some((ci, i));
+            }
+            i -= c.count;
+        }
+        None
+    }
+
     pub fn get(&self, index: usize) -> Option<&[u8]> {
-        self.items.get(index).map(|v| &v[..])
+        let (ci, i) = self.locate(index)?;
+        self.chunks[ci].iter().nth(i)
+    }
+
+    /// Rewrites one chunk with a change applied to its elements.
+    fn edit_chunk(&mut self, ci: usize, f: impl FnOnce(&mut Vec<Vec<u8>>)) {
+        let mut items: Vec<Vec<u8>> = self.chunks[ci].iter().map(|v| v.to_vec()).collect();
+        let before: usize = items.iter().map(|v| v.len()).sum();
+        let count_before = items.len();
+        f(&mut items);
+        let after: usize = items.iter().map(|v| v.len()).sum();
+        self.bytes = self.bytes + after - before;
+        self.len = self.len + items.len() - count_before;
+        if items.is_empty() {
+            self.chunks.remove(ci);
+        } else {
+            self.chunks[ci] = Chunk::from_items(items.iter().map(|v| &v[..]));
+        }
     }
 
     /// Replaces the element at `index`; false when out of range.
     pub fn set(&mut self, index: usize, v: &[u8]) -> bool {
-        match self.items.get_mut(index) {
-            Some(slot) => {
-                self.bytes = self.bytes - slot.len() + v.len();
-                *slot = v.into();
-                true
-            }
-            None => false,
-        }
+        let Some((ci, i)) = self.locate(index) else {
+            return false;
+        };
+        self.edit_chunk(ci, |items| items[i] = v.to_vec());
+        true
     }
 
     /// Inserts `v` so that it ends up at `index` (0..=len).
     pub fn insert(&mut self, index: usize, v: &[u8]) {
-        self.bytes += v.len();
-        self.items.insert(index, v.into());
+        if index == 0 {
+            return self.push_front(v);
+        }
+        if index >= self.len {
+            return self.push_back(v);
+        }
+        let (ci, i) = self.locate(index).expect("index within the list");
+        self.edit_chunk(ci, |items| items.insert(i, v.to_vec()));
     }
 
     /// Removes up to `count` elements equal to `v` (all when 0), from the tail when
     /// `from_tail`; returns how many went.
     pub fn remove_matching(&mut self, v: &[u8], count: usize, from_tail: bool) -> usize {
-        let mut removed = 0;
         let limit = if count == 0 { usize::MAX } else { count };
-        if from_tail {
-            let mut i = self.items.len();
-            while i > 0 && removed < limit {
-                i -= 1;
-                if &self.items[i][..] == v {
-                    self.items.remove(i);
-                    removed += 1;
-                }
-            }
+        let mut removed = 0;
+        let order: Vec<usize> = if from_tail {
+            (0..self.chunks.len()).rev().collect()
         } else {
-            let mut i = 0;
-            while i < self.items.len() && removed < limit {
-                if &self.items[i][..] == v {
-                    self.items.remove(i);
-                    removed += 1;
-                } else {
-                    i += 1;
-                }
+            (0..self.chunks.len()).collect()
+        };
+        let mut emptied = Vec::new();
+        for ci in order {
+            if removed >= limit {
+                break;
+            }
+            if !self.chunks[ci].iter().any(|x| x == v) {
+                continue;
+            }
+            let mut items: Vec<Vec<u8>> = self.chunks[ci].iter().map(|x| x.to_vec()).collect();
+            let mut idx: Vec<usize> = (0..items.len()).filter(|&i| items[i] == v).collect();
+            if from_tail {
+                idx.reverse();
+            }
+            idx.truncate(limit - removed);
+            removed += idx.len();
+            idx.sort_unstable();
+            for &i in idx.iter().rev() {
+                items.remove(i);
+            }
+            self.len -= idx.len();
+            self.bytes -= idx.len() * v.len();
+            if items.is_empty() {
+                emptied.push(ci);
+            } else {
+                self.chunks[ci] = Chunk::from_items(items.iter().map(|x| &x[..]));
             }
         }
-        self.bytes -= removed * v.len();
+        emptied.sort_unstable();
+        for ci in emptied.into_iter().rev() {
+            self.chunks.remove(ci);
+        }
         removed
     }
 
     /// Keeps only the elements in `start..=end` (indices already clamped, start <= end).
     pub fn keep_range(&mut self, start: usize, end: usize) {
-        self.items.truncate(end + 1);
-        self.items.drain(..start);
-        self.bytes = self.items.iter().map(|v| v.len()).sum();
+        let kept: Vec<Vec<u8>> = self
+            .iter()
+            .skip(start)
+            .take(end + 1 - start)
+            .map(|v| v.to_vec())
+            .collect();
+        self.clear();
+        for v in kept {
+            self.push_back(&v);
+        }
     }
 
     pub fn clear(&mut self) {
-        self.items.clear();
+        self.chunks.clear();
+        self.len = 0;
         self.bytes = 0;
     }
 
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &[u8]> + ExactSizeIterator {
-        self.items.iter().map(|v| &v[..])
+    pub fn iter(&self) -> ListIter<'_> {
+        ListIter {
+            chunks: self.chunks.iter(),
+            front: None,
+            back: None,
+            left: self.len,
+        }
     }
 
     pub fn encoding(&self) -> &'static str {
-        if self.items.len() <= LISTPACK_MAX_ITEMS && self.bytes <= LISTPACK_MAX_BYTES {
+        if self.len <= LISTPACK_MAX_ITEMS && self.chunks.len() <= 1 {
             "listpack"
         } else {
             "quicklist"
@@ -125,9 +416,77 @@ impl List {
     }
 
     pub fn heap_size(&self) -> usize {
-        self.bytes + self.items.capacity() * std::mem::size_of::<Box<[u8]>>()
+        self.chunks.iter().map(|c| c.data.capacity()).sum::<usize>()
+            + self.chunks.capacity() * std::mem::size_of::<Chunk>()
     }
 }
+
+pub struct ListIter<'a> {
+    chunks: std::collections::vec_deque::Iter<'a, Chunk>,
+    front: Option<ChunkIter<'a>>,
+    back: Option<ChunkIter<'a>>,
+    left: usize,
+}
+
+impl<'a> Iterator for ListIter<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.left == 0 {
+            return None;
+        }
+        loop {
+            if let Some(it) = &mut self.front {
+                if let Some(v) = it.next() {
+                    self.left -= 1;
+                    return Some(v);
+                }
+            }
+            match self.chunks.next() {
+                Some(c) => self.front = Some(c.iter()),
+                None => {
+                    let v = self.back.as_mut()?.next();
+                    if v.is_some() {
+                        self.left -= 1;
+                    }
+                    return v;
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl DoubleEndedIterator for ListIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        loop {
+            if let Some(it) = &mut self.back {
+                if let Some(v) = it.next_back() {
+                    self.left -= 1;
+                    return Some(v);
+                }
+            }
+            match self.chunks.next_back() {
+                Some(c) => self.back = Some(c.iter()),
+                None => {
+                    let v = self.front.as_mut()?.next_back();
+                    if v.is_some() {
+                        self.left -= 1;
+                    }
+                    return v;
+                }
+            }
+        }
+    }
+}
+
+impl ExactSizeIterator for ListIter<'_> {}
 
 #[cfg(test)]
 mod tests {
@@ -166,5 +525,75 @@ mod tests {
         assert!(!l.set(2, b"x"));
         l.insert(0, b"z");
         assert_eq!(items(&l), ["z", "b", "x"]);
+    }
+
+    /// Random operations compared with a VecDeque model, with element sizes that cross
+    /// varint widths and chunk boundaries.
+    #[test]
+    fn behaves_like_a_deque() {
+        let mut model: VecDeque<Vec<u8>> = VecDeque::new();
+        let mut l = List::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..60_000u64 {
+            let size = match rand() % 10 {
+                0 => 0,
+                1 => 127,
+                2 => 128,
+                3 => 300 + (rand() % 9000) as usize,
+                _ => (rand() % 40) as usize,
+            };
+            let v: Vec<u8> = (0..size).map(|i| (step as usize + i) as u8).collect();
+            match rand() % 12 {
+                0..=2 => {
+                    l.push_back(&v);
+                    model.push_back(v);
+                }
+                3..=5 => {
+                    l.push_front(&v);
+                    model.push_front(v);
+                }
+                6 | 7 => assert_eq!(l.pop_front().map(|b| b.to_vec()), model.pop_front()),
+                8 | 9 => assert_eq!(l.pop_back().map(|b| b.to_vec()), model.pop_back()),
+                10 if !model.is_empty() => {
+                    let i = (rand() as usize) % model.len();
+                    assert_eq!(l.get(i), Some(&model[i][..]));
+                    l.set(i, &v);
+                    model[i] = v;
+                }
+                _ if !model.is_empty() => {
+                    let i = (rand() as usize) % (model.len() + 1);
+                    l.insert(i, &v);
+                    model.insert(i, v);
+                }
+                _ => {}
+            }
+            assert_eq!(l.len(), model.len());
+            if step % 997 == 0 {
+                let got: Vec<&[u8]> = l.iter().collect();
+                let want: Vec<&[u8]> = model.iter().map(|v| &v[..]).collect();
+                assert_eq!(got, want);
+                let got_rev: Vec<&[u8]> = l.iter().rev().collect();
+                let want_rev: Vec<&[u8]> = model.iter().rev().map(|v| &v[..]).collect();
+                assert_eq!(got_rev, want_rev);
+                assert_eq!(l.bytes, model.iter().map(|v| v.len()).sum::<usize>());
+            }
+        }
+    }
+
+    #[test]
+    fn a_queued_job_costs_about_its_size() {
+        let mut l = List::new();
+        let job = [b'j'; 150];
+        for _ in 0..10_000 {
+            l.push_front(&job);
+        }
+        let per_job = l.heap_size() as f64 / 10_000.0;
+        assert!(per_job < 160.0, "{per_job} bytes per job");
     }
 }
