@@ -413,7 +413,7 @@ pub fn hrandfield(ctx: &mut ExecCtx, args: &[Bytes]) {
     }
     let with_values = args.len() == 4;
     // Redis refuses counts whose doubled reply length would overflow.
-    if with_values && (n < -(i64::MAX / 2) || n > i64::MAX / 2) {
+    if with_values && !(-(i64::MAX / 2)..=i64::MAX / 2).contains(&n) {
         return ctx.out.error(OUT_OF_RANGE);
     }
     let (found, out) = read(ctx, &args[1]);

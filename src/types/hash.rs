@@ -453,7 +453,7 @@ fn field_of(b: &[u8]) -> &[u8] {
     split(b).0
 }
 
-fn rehash(b: &Box<[u8]>) -> u64 {
+fn rehash(b: &[u8]) -> u64 {
     hash_field(field_of(b))
 }
 
@@ -491,7 +491,7 @@ impl Table {
             }
             return false;
         }
-        seg.insert_unique(h, pack_pair(field, value), rehash);
+        seg.insert_unique(h, pack_pair(field, value), |b| rehash(b));
         self.len += 1;
         if self.len > self.segs.len() * GROW_AT {
             self.resize(self.segs.len() * 2);
@@ -522,7 +522,7 @@ impl Table {
             for b in seg {
                 let h = rehash(&b);
                 let i = self.seg_index(h);
-                self.segs[i].insert_unique(h, b, rehash);
+                self.segs[i].insert_unique(h, b, |b| rehash(b));
             }
         }
     }
@@ -668,7 +668,7 @@ mod tests {
         let mut r = rng(7);
         for step in 0..60_000u64 {
             let f = format!("field:{}", r() % 5000).into_bytes();
-            if step < 30_000 || r() % 3 == 0 {
+            if step < 30_000 || r().is_multiple_of(3) {
                 let v = vec![b'v'; (r() % 200) as usize];
                 assert_eq!(h.insert(&f, &v), model.insert(f, v).is_none());
             } else {
