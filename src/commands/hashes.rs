@@ -171,7 +171,6 @@ pub fn hsetnx(ctx: &mut ExecCtx, args: &[Bytes]) {
             if h.contains(field) {
                 false
             } else {
-                h.prepare(1, field.len().max(value.len()));
                 h.insert(field, value);
                 ctx.modified(key);
                 true
@@ -179,7 +178,6 @@ pub fn hsetnx(ctx: &mut ExecCtx, args: &[Bytes]) {
         }
         Ok(None) => {
             let mut h = Hash::new();
-            h.prepare(1, field.len().max(value.len()));
             h.insert(field, value);
             ctx.set(key, Value::Hash(Box::new(h)), 0);
             true
