@@ -157,7 +157,7 @@ pub static PARAMS: &[Param] = &[
     p(
         "hash-max-listpack-entries",
         Kind::Int(0, I64MAX),
-        "128",
+        "512",
         true,
         false,
     ),
@@ -171,7 +171,7 @@ pub static PARAMS: &[Param] = &[
     p(
         "hash-max-ziplist-entries",
         Kind::Int(0, I64MAX),
-        "128",
+        "512",
         true,
         false,
     ),

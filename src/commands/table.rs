@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::{connection as conn, keys, lists, pubsub, server, strings, transactions as tx};
+use super::{connection as conn, hashes, keys, lists, pubsub, server, strings, transactions as tx};
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
 
@@ -194,6 +194,23 @@ pub fn all() -> Vec<Command> {
             c("pubsub", -2, "", NONE, "pubsub", "2.8.0", "Inspects the Pub/Sub state.", Async(pubsub::pubsub)),
             pubsub::PUBSUB_SUBCOMMANDS,
         ),
+        // Hashes
+        c("hset", -4, "write denyoom fast", K1, "hash", "2.0.0", "Sets fields of a hash, creating it when missing.", Shard(hashes::hset)),
+        c("hsetnx", 4, "write denyoom fast", K1, "hash", "2.0.0", "Sets one hash field only when it is absent.", Shard(hashes::hsetnx)),
+        c("hmset", -4, "write denyoom fast", K1, "hash", "2.0.0", "Sets fields of a hash (older form of HSET that answers OK).", Shard(hashes::hmset)),
+        c("hget", 3, "readonly fast", K1, "hash", "2.0.0", "Returns the value of one hash field.", Shard(hashes::hget)),
+        c("hmget", -3, "readonly fast", K1, "hash", "2.0.0", "Returns the values of several hash fields.", Shard(hashes::hmget)),
+        c("hdel", -3, "write fast", K1, "hash", "2.0.0", "Removes fields from a hash.", Shard(hashes::hdel)),
+        c("hexists", 3, "readonly fast", K1, "hash", "2.0.0", "Tells whether a hash field exists.", Shard(hashes::hexists)),
+        c("hlen", 2, "readonly fast", K1, "hash", "2.0.0", "Counts the fields of a hash.", Shard(hashes::hlen)),
+        c("hstrlen", 3, "readonly fast", K1, "hash", "3.2.0", "Returns the length of a hash field's value.", Shard(hashes::hstrlen)),
+        c("hkeys", 2, "readonly", K1, "hash", "2.0.0", "Returns every field name of a hash.", Shard(hashes::hkeys)),
+        c("hvals", 2, "readonly", K1, "hash", "2.0.0", "Returns every value of a hash.", Shard(hashes::hvals)),
+        c("hgetall", 2, "readonly", K1, "hash", "2.0.0", "Returns every field and value of a hash.", Shard(hashes::hgetall)),
+        c("hincrby", 4, "write denyoom fast", K1, "hash", "2.0.0", "Adds an integer to a hash field.", Shard(hashes::hincrby)),
+        c("hincrbyfloat", 4, "write denyoom fast", K1, "hash", "2.6.0", "Adds a floating point number to a hash field.", Shard(hashes::hincrbyfloat)),
+        c("hrandfield", -2, "readonly", K1, "hash", "6.2.0", "Returns random fields of a hash, optionally with values.", Shard(hashes::hrandfield)),
+        c("hscan", -3, "readonly", K1, "hash", "2.8.0", "Iterates over the fields and values of a hash with a cursor.", Shard(hashes::hscan)),
         // Transactions
         c("multi", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "1.2.0", "Starts a transaction.", Conn(tx::multi)),
         c("exec", 1, "noscript loading stale skip_slowlog noqueue", NONE, "transactions", "1.2.0", "Runs the queued commands atomically.", Async(tx::exec)),
