@@ -164,3 +164,52 @@ fn keyspace_notifications() {
         Resp::Array(vec![Resp::bulk("w"), Resp::bulk("x")])
     );
 }
+
+/// String and generic events name the same commands Redis names.
+#[test]
+fn string_events_match_redis() {
+    let kite = KiteServer::start(&[], 2);
+    let redis = RedisServer::start();
+    let mut got = Vec::new();
+    let servers: [&common::ServerProcess; 2] = [&kite, &redis];
+    for server in servers {
+        let mut admin = server.client();
+        admin.cmd(&["CONFIG", "SET", "notify-keyspace-events", "KEA"]);
+        let mut sub = server.client();
+        sub.send(&["PSUBSCRIBE", "__keyspace@0__:*"]);
+        read(&mut sub);
+        let script: &[&[&str]] = &[
+            &["SET", "s", "1", "EX", "100"],
+            &["INCR", "s"],
+            &["INCRBYFLOAT", "s", "1.5"],
+            &["APPEND", "s", "x"],
+            &["SETRANGE", "s", "0", "ab"],
+            &["GETEX", "s", "PERSIST"],
+            &["SETBIT", "b", "3", "1"],
+            &["BITFIELD", "b", "SET", "u8", "0", "7"],
+            &["MSET", "m1", "1", "m2", "2"],
+            &["GETSET", "m1", "3"],
+            &["GETDEL", "m2"],
+            &["BITOP", "OR", "d", "b", "b"],
+            &["PERSIST", "d"],
+            &["EXPIRE", "d", "0"],
+        ];
+        for cmd in script {
+            admin.cmd(cmd);
+        }
+        admin.cmd(&["PUBLISH", "__keyspace@0__:end", "end"]);
+        let mut events = Vec::new();
+        loop {
+            let m = read(&mut sub);
+            let a = m.as_array().unwrap().to_vec();
+            let channel = a[2].as_string().unwrap();
+            let event = a[3].as_string().unwrap();
+            if event == "end" {
+                break;
+            }
+            events.push(format!("{channel} {event}"));
+        }
+        got.push(events);
+    }
+    assert_eq!(got[0], got[1]);
+}

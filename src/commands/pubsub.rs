@@ -55,9 +55,9 @@ fn subscribe_to(sess: &mut Session, names: &[Bytes], pattern: bool) {
         if added {
             worker.shared.subscriptions[worker.id].fetch_add(1, Ordering::AcqRel);
             if pattern {
-                sess.patterns.insert(name.clone());
+                sess.patterns.push(name.clone());
             } else {
-                sess.channels.insert(name.clone());
+                sess.channels.push(name.clone());
             }
         }
         confirm(
@@ -100,9 +100,9 @@ fn unsubscribe_from(sess: &mut Session, names: &[Bytes], pattern: bool, reply: b
             worker.shared.subscriptions[worker.id].fetch_sub(1, Ordering::AcqRel);
         }
         if pattern {
-            sess.patterns.remove(&name);
+            sess.patterns.retain(|p| *p != name);
         } else {
-            sess.channels.remove(&name);
+            sess.channels.retain(|c| *c != name);
         }
         if reply {
             confirm(sess, kind, Some(&name));

@@ -362,6 +362,10 @@ fn set_generic(
         0
     };
     ctx.set(key, given(value), expire);
+    ctx.notify(b'$', "set", key);
+    if o.expire.is_some() {
+        ctx.notify(b'g', "expire", key);
+    }
     if !o.get {
         match replies {
             SetReplies::OkNull => ctx.out.ok(),
@@ -434,12 +438,15 @@ pub fn getex(ctx: &mut ExecCtx, args: &[Bytes]) {
         // An absolute time already past deletes the key, as Redis does.
         Some(t) if t <= now => {
             ctx.delete(key);
+            ctx.notify(b'g', "del", key);
         }
         Some(t) => {
             ctx.set_expire(key, t);
+            ctx.notify(b'g', "expire", key);
         }
         None if o.persist && had_ttl => {
             ctx.set_expire(key, 0);
+            ctx.notify(b'g', "persist", key);
         }
         None => {}
     }
@@ -449,6 +456,7 @@ pub fn getdel(ctx: &mut ExecCtx, args: &[Bytes]) {
     let (entry, out) = lookup(ctx, &args[1]);
     if reply_string(out, entry) == Found::String {
         ctx.delete(&args[1]);
+        ctx.notify(b'g', "del", &args[1]);
     }
 }
 
@@ -457,6 +465,7 @@ pub fn getset(ctx: &mut ExecCtx, args: &[Bytes]) {
     let (entry, out) = lookup(ctx, &args[1]);
     if reply_string(out, entry) != Found::WrongType {
         ctx.set(&args[1], given(&args[2]), 0);
+        ctx.notify(b'$', "set", &args[1]);
     }
 }
 
@@ -510,6 +519,7 @@ fn pairs_ok(args: &[Bytes]) -> bool {
 fn set_pairs<'k>(ctx: &mut ExecCtx, pairs: impl Iterator<Item = (&'k [u8], &'k [u8])>) {
     for (k, v) in pairs {
         ctx.set(k, given(v), 0);
+        ctx.notify(b'$', "set", k);
     }
 }
 
@@ -605,9 +615,11 @@ fn incr_by(ctx: &mut ExecCtx, key: &[u8], incr: i64) -> Result<i64, &'static str
         let n = v.checked_add(incr).ok_or(OVERFLOW)?;
         *s = StrValue::Int(n);
         ctx.modified(key);
+        ctx.notify(b'$', "incrby", key);
         return Ok(n);
     }
     ctx.set(key, Value::Str(StrValue::Int(incr)), 0);
+    ctx.notify(b'$', "incrby", key);
     Ok(incr)
 }
 
@@ -646,10 +658,12 @@ fn incr_by_float(ctx: &mut ExecCtx, key: &[u8], incr: &[u8]) -> Result<Vec<u8>, 
         // Redis stores the printed sum as a plain string (embstr or raw), never an int.
         *s = StrValue::Plain(new.clone());
         ctx.modified(key);
+        ctx.notify(b'$', "incrbyfloat", key);
         return Ok(new);
     }
     let new = longdouble::incr_by_float(b"0", incr)?;
     ctx.set(key, Value::Str(StrValue::Plain(new.clone())), 0);
+    ctx.notify(b'$', "incrbyfloat", key);
     Ok(new)
 }
 
@@ -673,9 +687,11 @@ fn append_to(ctx: &mut ExecCtx, key: &[u8], tail: &[u8]) -> Result<i64, &'static
         v.extend_from_slice(tail);
         let len = v.len() as i64;
         ctx.modified(key);
+        ctx.notify(b'$', "append", key);
         return Ok(len);
     }
     ctx.set(key, given(tail), 0);
+    ctx.notify(b'$', "append", key);
     Ok(tail.len() as i64)
 }
 
@@ -759,6 +775,7 @@ fn set_range(
         v[start..end].copy_from_slice(value);
         let len = v.len() as i64;
         ctx.modified(key);
+        ctx.notify(b'$', "setrange", key);
         return Ok(len);
     }
     if value.is_empty() {
@@ -769,6 +786,7 @@ fn set_range(
     v[offset as usize..].copy_from_slice(value);
     let len = v.len() as i64;
     ctx.set(key, built(v), 0);
+    ctx.notify(b'$', "setrange", key);
     Ok(len)
 }
 
@@ -1054,6 +1072,7 @@ fn set_bit(ctx: &mut ExecCtx, args: &[Bytes]) -> Result<i64, &'static str> {
         }
         if grew || old != (on == 1) {
             ctx.modified(key);
+            ctx.notify(b'$', "setbit", key);
         }
         return Ok(old as i64);
     }
@@ -1062,6 +1081,7 @@ fn set_bit(ctx: &mut ExecCtx, args: &[Bytes]) -> Result<i64, &'static str> {
         v[byte] |= mask;
     }
     ctx.set(key, built(v), 0);
+    ctx.notify(b'$', "setbit", key);
     Ok(0)
 }
 
@@ -1326,9 +1346,12 @@ fn bitop_compute(op: BitOp, sources: &[Option<Vec<u8>>]) -> Vec<u8> {
 fn bitop_store(ctx: &mut ExecCtx, dest: &[u8], res: Vec<u8>) -> i64 {
     let len = res.len() as i64;
     if res.is_empty() {
-        ctx.delete(dest);
+        if ctx.delete(dest) {
+            ctx.notify(b'g', "del", dest);
+        }
     } else {
         ctx.set(dest, built(res), 0);
+        ctx.notify(b'$', "set", dest);
     }
     len
 }
@@ -1664,12 +1687,14 @@ fn bitfield_generic(ctx: &mut ExecCtx, args: &[Bytes], read_only_cmd: bool) {
             }
             let r = fields.iter().map(|f| run_field(v, f)).collect();
             ctx.modified(key);
+            ctx.notify(b'$', "setbit", key);
             r
         }
         None => {
             let mut v = vec![0u8; need];
             let r = fields.iter().map(|f| run_field(&mut v, f)).collect();
             ctx.set(key, built(v), 0);
+            ctx.notify(b'$', "setbit", key);
             r
         }
     };

@@ -44,9 +44,10 @@ pub struct Session {
     pub push_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
     pub push_tx: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
     pub monitoring: bool,
-    /// Pub/Sub channels and patterns this connection is subscribed to.
-    pub channels: hashbrown::HashSet<Bytes>,
-    pub patterns: hashbrown::HashSet<Bytes>,
+    /// Pub/Sub channels and patterns this connection is subscribed to, in subscription
+    /// order (UNSUBSCRIBE without arguments answers in that order).
+    pub channels: Vec<Bytes>,
+    pub patterns: Vec<Bytes>,
     /// The socket, shared so a blocked command can notice the client leaving.
     pub stream: Rc<tokio::net::TcpStream>,
     /// Input read while a command was blocked, parsed once it returns.
