@@ -1067,6 +1067,11 @@ fn encodings_and_orders(threads: usize) {
     let left = strs(&c.cmd(&["SMEMBERS", "spl"]));
     assert_eq!(left.len(), 2);
     assert!(left[0] < left[1], "a listpack keeps its order: {left:?}");
+    // SPOP taking everything answers like SUNION of the key: the integers before the
+    // first string come back ascending.
+    c.cmd(&["SADD", "all", "5", "1", "b"]);
+    assert_eq!(strs(&c.cmd(&["SPOP", "all", "10"])), ["1", "5", "b"]);
+    assert_eq!(c.cmd(&["EXISTS", "all"]), Resp::Integer(0));
     // COPY and RENAME keep the representation.
     c.cmd(&["COPY", "l", "lcopy"]);
     assert_eq!(enc(&mut c, "lcopy"), "listpack");

@@ -315,7 +315,9 @@ fn spop_count(ctx: &mut ExecCtx, args: &[Bytes]) {
         Ok(Some(_)) if count == 0 => return ctx.out.set(0),
         Ok(Some(s)) => {
             if count >= s.len() {
-                reply_set(&mut out, s);
+                // Redis answers this case with SUNION of the key, whose order (integers
+                // ascending first, for a listpack) differs from the set's own.
+                reply_set(&mut out, &set::union(&[Some(&*s)]));
                 true
             } else {
                 let popped = s.pop_many(count, &mut rng);

@@ -353,6 +353,8 @@ const SEG_SHIFT: u32 = 32;
 struct Big {
     segs: Vec<HashTable<Box<[u8]>>>,
     len: usize,
+    /// Bytes of all members, for MEMORY USAGE without a walk.
+    bytes: usize,
     hasher: hashbrown::DefaultHashBuilder,
 }
 
@@ -365,6 +367,7 @@ impl Big {
         Big {
             segs: (0..count).map(|_| HashTable::new()).collect(),
             len: 0,
+            bytes: 0,
             hasher: hashbrown::DefaultHashBuilder::default(),
         }
     }
@@ -391,6 +394,7 @@ impl Big {
             hashbrown::hash_table::Entry::Vacant(v) => {
                 v.insert(m.into());
                 self.len += 1;
+                self.bytes += m.len();
                 if self.len > self.segs.len() * GROW_AT {
                     self.resize(self.segs.len() * 2);
                 }
@@ -404,6 +408,7 @@ impl Big {
         let h = self.hash(&m);
         let i = self.seg_of(h);
         let hasher = &self.hasher;
+        self.bytes += m.len();
         self.segs[i].insert_unique(h, m, |e| hasher.hash_one(&**e));
         self.len += 1;
         if self.len > self.segs.len() * GROW_AT {
@@ -418,6 +423,7 @@ impl Big {
             Ok(occupied) => {
                 occupied.remove();
                 self.len -= 1;
+                self.bytes -= m.len();
                 if self.segs.len() > 1 && self.len < self.segs.len() * SHRINK_AT {
                     self.resize(self.segs.len() / 2);
                 }
