@@ -180,11 +180,14 @@ pub fn sadd(ctx: &mut ExecCtx, args: &[Bytes]) {
         Err(()) => return ctx.out.error(WRONGTYPE),
         Ok(Some(s)) => {
             s.prepare_for(members.len());
-            (members.iter().filter(|m| s.add(m)).count(), false)
+            let n = members.iter().filter(|m| s.add(m)).count();
+            s.trim();
+            (n, false)
         }
         Ok(None) => {
             let mut s = Set::create_for(&members[0], members.len());
             let n = members.iter().filter(|m| s.add(m)).count();
+            s.trim();
             ctx.set(key, Value::Set(Box::new(s)), 0);
             (n, true)
         }
@@ -213,6 +216,7 @@ pub fn srem(ctx: &mut ExecCtx, args: &[Bytes]) {
                     }
                 }
             }
+            s.trim();
             (n, s.is_empty())
         }
     };
@@ -287,6 +291,7 @@ pub fn spop(ctx: &mut ExecCtx, args: &[Bytes]) {
         Ok(None) => return ctx.out.null(),
         Ok(Some(s)) => {
             let m = s.pop_random(&mut rng);
+            s.trim();
             (m, s.is_empty())
         }
     };
@@ -321,6 +326,7 @@ fn spop_count(ctx: &mut ExecCtx, args: &[Bytes]) {
                 true
             } else {
                 let popped = s.pop_many(count, &mut rng);
+                s.trim();
                 out.set(popped.len());
                 for m in &popped {
                     out.bulk(m);
@@ -395,6 +401,7 @@ fn take_member(ctx: &mut ExecCtx, src: &[u8], m: &[u8]) -> bool {
             if !s.remove(m) {
                 return false;
             }
+            s.trim();
             s.is_empty()
         }
         _ => return false,
@@ -412,10 +419,15 @@ fn take_member(ctx: &mut ExecCtx, src: &[u8], m: &[u8]) -> bool {
 /// Adds `m` to the set at `dst` (missing or a set), creating it as Redis would.
 fn put_member(ctx: &mut ExecCtx, dst: &[u8], m: &[u8]) {
     let added = match set_mut(ctx, dst) {
-        Ok(Some(s)) => s.add(m),
+        Ok(Some(s)) => {
+            let added = s.add(m);
+            s.trim();
+            added
+        }
         _ => {
             let mut s = Set::create_for(m, 1);
             s.add(m);
+            s.trim();
             ctx.set(dst, Value::Set(Box::new(s)), 0);
             true
         }
@@ -553,6 +565,8 @@ fn store(ctx: &mut ExecCtx, dst: &[u8], result: Set, event: &'static str) -> i64
         return 0;
     }
     let n = result.len() as i64;
+    let mut result = result;
+    result.trim();
     ctx.set(dst, Value::Set(Box::new(result)), 0);
     ctx.notify(b's', event, dst);
     n

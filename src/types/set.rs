@@ -217,6 +217,10 @@ impl Ints {
     fn shrink(&mut self) {
         each_width!(self, v => v.shrink_to_fit())
     }
+
+    fn slack(&self) -> usize {
+        each_width!(self, v => v.capacity() - v.len())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -632,6 +636,18 @@ impl Set {
             Repr::Ints(i) => i.heap_size(),
             Repr::Pack(p) => p.buf.capacity(),
             Repr::Big(b) => b.heap_size(),
+        }
+    }
+
+    /// Gives back the spare capacity of a small form after a write, so a small set costs
+    /// about what Redis's exactly-sized intset or listpack costs.
+    pub fn trim(&mut self) {
+        match &mut self.repr {
+            Repr::Ints(i) if i.slack() > i.len() / 8 + 4 => i.shrink(),
+            Repr::Pack(p) if p.buf.capacity() - p.buf.len() > p.buf.len() / 8 + 16 => {
+                p.buf.shrink_to_fit()
+            }
+            _ => {}
         }
     }
 
