@@ -115,10 +115,6 @@ impl Registry {
         self.channels.get(channel).map_or(0, |v| v.len())
     }
 
-    pub fn pattern_count(&self) -> usize {
-        self.patterns.len()
-    }
-
     pub fn pattern_names(&self) -> impl Iterator<Item = &Bytes> {
         self.patterns.keys()
     }

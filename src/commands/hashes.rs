@@ -7,6 +7,8 @@
 
 use bytes::Bytes;
 
+use super::util::parse_cursor;
+
 use crate::commands::arity_error;
 use crate::commands::util::{glob_match, parse_i64, NOT_INT, OVERFLOW, SYNTAX_ERR};
 use crate::protocol::reply::Reply;
@@ -460,36 +462,6 @@ pub fn hrandfield(ctx: &mut ExecCtx, args: &[Bytes]) {
 // ---------------------------------------------------------------------------------------
 // HSCAN
 // ---------------------------------------------------------------------------------------
-
-/// Reads a cursor as C's `strtoul` with Redis's checks: no leading space, an optional
-/// sign (a negative value wraps, as in C), digits to the end (a NUL ends the argument),
-/// no overflow; the empty string reads as 0.
-fn parse_cursor(arg: &[u8]) -> Option<u64> {
-    let end = arg.iter().position(|&b| b == 0).unwrap_or(arg.len());
-    let s = &arg[..end];
-    if s.is_empty() {
-        return Some(0);
-    }
-    if matches!(s[0], b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r') {
-        return None;
-    }
-    let (neg, digits) = match s[0] {
-        b'-' => (true, &s[1..]),
-        b'+' => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &c in digits {
-        if !c.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
-    }
-    Some(if neg { v.wrapping_neg() } else { v })
-}
 
 pub fn hscan(ctx: &mut ExecCtx, args: &[Bytes]) {
     let Some(cursor) = parse_cursor(&args[2]) else {

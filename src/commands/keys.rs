@@ -341,10 +341,7 @@ async_handler!(keys, |sess, args| {
 const SHARD_BITS: u32 = 10;
 
 async_handler!(scan, |sess, args| {
-    let Some(cursor) = std::str::from_utf8(&args[1])
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    else {
+    let Some(cursor) = super::util::parse_cursor(&args[1]) else {
         return sess.out.error("ERR invalid cursor");
     };
     let mut count = 10usize;

@@ -460,23 +460,15 @@ fn is_list_or_missing(sh: &mut Shard, db: usize, key: &[u8]) -> bool {
     }
 }
 
-/// Runs `f` with an execution context on a shard (for steps of cross-shard commands and
-/// for serving blocked clients).
-fn with_ctx<R>(sh: &mut Shard, db: usize, f: impl FnOnce(&mut ExecCtx) -> R) -> R {
-    let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out);
-    f(&mut ctx)
-}
-
 /// The source side of a move: Err(()) wrong type, Ok(None) missing.
 fn pop_one(sh: &mut Shard, db: usize, key: &[u8], front: bool) -> Result<Option<Box<[u8]>>, ()> {
-    with_ctx(sh, db, |ctx| {
+    sh.with_ctx(db, |ctx| {
         Ok(pop_items(ctx, key, front, 1)?.and_then(|mut v| v.pop()))
     })
 }
 
 fn push_one(sh: &mut Shard, db: usize, key: &[u8], front: bool, value: &[u8]) {
-    with_ctx(sh, db, |ctx| {
+    sh.with_ctx(db, |ctx| {
         let _ = push_to(ctx, key, &[Bytes::copy_from_slice(value)], front, false);
     });
 }
@@ -877,7 +869,7 @@ pub fn pop_for_waiter(
     left: bool,
     count: usize,
 ) -> Vec<Box<[u8]>> {
-    with_ctx(sh, db, |ctx| {
+    sh.with_ctx(db, |ctx| {
         pop_items(ctx, key, left, count)
             .ok()
             .flatten()
@@ -915,7 +907,7 @@ pub fn push_back_for_waiter(
         .rev()
         .map(|v| Bytes::from(v.into_vec()))
         .collect();
-    with_ctx(sh, db, |ctx| {
+    sh.with_ctx(db, |ctx| {
         let _ = push_to(ctx, key, &values, left, false);
     });
 }

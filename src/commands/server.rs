@@ -493,11 +493,20 @@ fn acl_categories(cmd: &Command) -> Vec<&'static str> {
     cats.push(match cmd.group {
         "string" => "@string",
         "bitmap" => "@bitmap",
+        "list" => "@list",
+        "hash" => "@hash",
+        "set" => "@set",
+        "sorted-set" => "@sortedset",
+        "stream" => "@stream",
+        "pubsub" => "@pubsub",
         "generic" => "@keyspace",
         "connection" => "@connection",
         "transactions" => "@transaction",
         _ => "@admin",
     });
+    if cmd.has(flags::BLOCKING) {
+        cats.push("@blocking");
+    }
     if cmd.has(flags::ADMIN) {
         cats.push("@dangerous");
     }
@@ -517,12 +526,22 @@ fn flag_names(f: u32) -> Vec<&'static str> {
         .collect()
 }
 
+/// COMMAND's flags for a command: its own, plus `movablekeys` when key positions depend
+/// on the arguments.
+fn command_flags(cmd: &Command) -> Vec<&'static str> {
+    let mut names = flag_names(cmd.flags);
+    if matches!(cmd.keys, super::Keys::Custom(..)) {
+        names.push("movablekeys");
+    }
+    names
+}
+
 fn write_command_info(sess: &mut Session, cmd: &Command) {
     let (first, last, step) = cmd.key_spec();
     sess.out.array(10);
     sess.out.bulk(cmd.name.as_bytes());
     sess.out.int(cmd.arity as i64);
-    let names = flag_names(cmd.flags);
+    let names = command_flags(cmd);
     sess.out.set(names.len());
     for n in names {
         sess.out.simple(n);

@@ -162,18 +162,6 @@ fn read_string(ctx: &mut ExecCtx, key: &[u8]) -> Result<Option<Vec<u8>>, ()> {
     }
 }
 
-/// Runs `f` in a command context on `sh` (how the cross-shard forms reach a shard) and
-/// adds the keyspace hits and misses it counted to the shard's counters.
-fn with_ctx<R>(sh: &mut Shard, db: usize, f: impl FnOnce(&mut ExecCtx) -> R) -> R {
-    let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out);
-    let r = f(&mut ctx);
-    let (hits, misses) = (ctx.hits, ctx.misses);
-    sh.stats.keyspace_hits += hits;
-    sh.stats.keyspace_misses += misses;
-    r
-}
-
 /// Groups argument positions by the shard owning the key at each, shards ascending and
 /// positions in argument order within a shard (duplicates kept).
 fn by_shard(
@@ -494,7 +482,7 @@ crate::cross_handler!(mget_cross, |sess, args, tx| {
         let keys = pick(&args, &positions);
         let found = tx
             .run(shard, move |sh: &mut Shard| {
-                with_ctx(sh, db, |ctx| {
+                sh.with_ctx(db, |ctx| {
                     keys.iter()
                         .map(|k| read_string(ctx, k).unwrap_or(None))
                         .collect::<Vec<_>>()
@@ -563,7 +551,7 @@ async fn set_pairs_everywhere(
     for (shard, positions) in by_shard(worker, args, (1..args.len()).step_by(2)) {
         let pairs = owned_pairs(args, &positions);
         tx.run(shard, move |sh: &mut Shard| {
-            with_ctx(sh, db, |ctx| {
+            sh.with_ctx(db, |ctx| {
                 set_pairs(ctx, pairs.iter().map(|(k, v)| (&k[..], &v[..])))
             })
         })
@@ -591,7 +579,7 @@ crate::cross_handler!(msetnx_cross, |sess, args, tx| {
         let keys = pick(&args, &positions);
         let exists = tx
             .run(shard, move |sh: &mut Shard| {
-                with_ctx(sh, db, |ctx| keys.iter().any(|k| ctx.get(k).is_some()))
+                sh.with_ctx(db, |ctx| keys.iter().any(|k| ctx.get(k).is_some()))
             })
             .await;
         if exists {
@@ -1015,7 +1003,7 @@ crate::cross_handler!(lcs_cross, |sess, args, tx| {
         let shard = sess.worker.shard_of(&key);
         let r = tx
             .run(shard, move |sh: &mut Shard| {
-                with_ctx(sh, db, |ctx| read_string(ctx, &key))
+                sh.with_ctx(db, |ctx| read_string(ctx, &key))
             })
             .await;
         read.push(r);
@@ -1387,7 +1375,7 @@ crate::cross_handler!(bitop_cross, |sess, args, tx| {
         let keys = pick(&args, &positions);
         let read = tx
             .run(shard, move |sh: &mut Shard| {
-                with_ctx(sh, db, |ctx| {
+                sh.with_ctx(db, |ctx| {
                     keys.iter()
                         .map(|k| read_string(ctx, k))
                         .collect::<Result<Vec<_>, ()>>()
@@ -1411,7 +1399,7 @@ crate::cross_handler!(bitop_cross, |sess, args, tx| {
     let shard = sess.worker.shard_of(&dest);
     let n = tx
         .run(shard, move |sh: &mut Shard| {
-            with_ctx(sh, db, |ctx| bitop_store(ctx, &dest, res))
+            sh.with_ctx(db, |ctx| bitop_store(ctx, &dest, res))
         })
         .await;
     sess.out.int(n);

@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 
-use super::{connection as conn, hashes, keys, lists, pubsub, server, strings, transactions as tx};
+use super::{
+    connection as conn, hashes, keys, lists, pubsub, server, sets, strings, transactions as tx,
+};
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
 
@@ -211,6 +213,24 @@ pub fn all() -> Vec<Command> {
         c("hincrbyfloat", 4, "write denyoom fast", K1, "hash", "2.6.0", "Adds a floating point number to a hash field.", Shard(hashes::hincrbyfloat)),
         c("hrandfield", -2, "readonly", K1, "hash", "6.2.0", "Returns random fields of a hash, optionally with values.", Shard(hashes::hrandfield)),
         c("hscan", -3, "readonly", K1, "hash", "2.8.0", "Iterates over the fields and values of a hash with a cursor.", Shard(hashes::hscan)),
+        // Sets
+        c("sadd", -3, "write denyoom fast", K1, "set", "1.0.0", "Adds members to a set.", Shard(sets::sadd)),
+        c("srem", -3, "write fast", K1, "set", "1.0.0", "Removes members from a set.", Shard(sets::srem)),
+        c("smembers", 2, "readonly", K1, "set", "1.0.0", "Returns every member of a set.", Shard(sets::smembers)),
+        c("sismember", 3, "readonly fast", K1, "set", "1.0.0", "Tells whether a value is a member of a set.", Shard(sets::sismember)),
+        c("smismember", -3, "readonly fast", K1, "set", "6.2.0", "Tells, for each value, whether it is a member of a set.", Shard(sets::smismember)),
+        c("scard", 2, "readonly fast", K1, "set", "1.0.0", "Returns the number of members of a set.", Shard(sets::scard)),
+        c("spop", -2, "write fast", K1, "set", "1.0.0", "Removes and returns random members of a set.", Shard(sets::spop)),
+        c("srandmember", -2, "readonly", K1, "set", "1.0.0", "Returns random members of a set without removing them.", Shard(sets::srandmember)),
+        c("smove", 4, "write fast", K12, "set", "1.0.0", "Moves a member from one set to another.", Multi(sets::smove, sets::smove_cross)),
+        c("sinter", -2, "readonly", KALL, "set", "1.0.0", "Returns the members common to all the given sets.", Multi(sets::sinter, sets::sinter_cross)),
+        c("sintercard", -3, "readonly", Keys::Custom(sets::sintercard_keys, (0, 0, 0)), "set", "7.0.0", "Counts the members common to all the given sets, up to a limit.", Multi(sets::sintercard, sets::sintercard_cross)),
+        c("sinterstore", -3, "write denyoom", KALL, "set", "1.0.0", "Stores the intersection of sets in a key.", Multi(sets::sinterstore, sets::sinterstore_cross)),
+        c("sunion", -2, "readonly", KALL, "set", "1.0.0", "Returns the members of any of the given sets.", Multi(sets::sunion, sets::sunion_cross)),
+        c("sunionstore", -3, "write denyoom", KALL, "set", "1.0.0", "Stores the union of sets in a key.", Multi(sets::sunionstore, sets::sunionstore_cross)),
+        c("sdiff", -2, "readonly", KALL, "set", "1.0.0", "Returns the members of the first set that are in none of the others.", Multi(sets::sdiff, sets::sdiff_cross)),
+        c("sdiffstore", -3, "write denyoom", KALL, "set", "1.0.0", "Stores the difference of sets in a key.", Multi(sets::sdiffstore, sets::sdiffstore_cross)),
+        c("sscan", -3, "readonly", K1, "set", "2.8.0", "Iterates over the members of a set with a cursor.", Shard(sets::sscan)),
         // Transactions
         c("multi", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "1.2.0", "Starts a transaction.", Conn(tx::multi)),
         c("exec", 1, "noscript loading stale skip_slowlog noqueue", NONE, "transactions", "1.2.0", "Runs the queued commands atomically.", Async(tx::exec)),

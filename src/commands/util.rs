@@ -177,6 +177,32 @@ fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> bool {
     p.is_empty() && s.is_empty()
 }
 
+/// A SCAN cursor read as C's `strtoul` reads it, as Redis 7.2 does: no leading space, an
+/// optional sign (a minus wraps around), decimal digits to the end, no overflow. The
+/// argument ends at a NUL byte, like a C string.
+pub fn parse_cursor(arg: &[u8]) -> Option<u64> {
+    let s = &arg[..arg.iter().position(|&b| b == 0).unwrap_or(arg.len())];
+    let Some(&first) = s.first() else {
+        return Some(0);
+    };
+    if first.is_ascii_whitespace() || first == 0x0b {
+        return None;
+    }
+    let (negative, digits) = match first {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for d in digits {
+        v = v.checked_mul(10)?.checked_add((d - b'0') as u64)?;
+    }
+    Some(if negative { v.wrapping_neg() } else { v })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

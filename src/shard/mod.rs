@@ -473,6 +473,14 @@ impl Shard {
         self.dirty += 1;
     }
 
+    /// Runs `f` with an execution context on this shard (steps of cross-shard commands,
+    /// serving blocked clients), its reply discarded.
+    pub fn with_ctx<R>(&mut self, db: usize, f: impl FnOnce(&mut ExecCtx) -> R) -> R {
+        let mut out = Reply::new(false);
+        let mut ctx = self.ctx(db, &mut out);
+        f(&mut ctx)
+    }
+
     /// Makes an execution context for running commands on this shard.
     pub fn ctx<'a>(&'a mut self, db: usize, out: &'a mut Reply) -> ExecCtx<'a> {
         ExecCtx {
@@ -601,6 +609,9 @@ pub struct Batch {
     /// EXEC on one shard: wait until every key of every command is free, then run them all
     /// at once, unless a watched key changed.
     pub atomic: Option<WatchCheck>,
+    /// Sent by a connection of another thread: events go back with the replies.
+    pub remote: bool,
+    pub events: Vec<KeyEvent>,
     pub done: oneshot::Sender<BatchResult>,
 }
 
@@ -612,6 +623,8 @@ pub struct WatchCheck {
 
 pub struct BatchResult {
     pub out: Reply,
+    /// Keyspace events of a remote batch, for its connection to publish.
+    pub events: Vec<KeyEvent>,
     /// A watched key changed: nothing ran.
     pub aborted: bool,
 }
@@ -707,6 +720,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             drop(shard);
             let _ = batch.done.send(BatchResult {
                 out: batch.out,
+                events: Vec::new(),
                 aborted: true,
             });
             return;
@@ -717,7 +731,8 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             // Events go out and blocked clients are served after each command, before
             // the next one runs.
             drop(shard);
-            after_command(worker);
+            let sink = batch.remote.then_some(&mut batch.events);
+            after_command_into(worker, sink);
             shard = worker.shard.borrow_mut();
         }
         if !atomic && !shard.locks.is_idle() {
@@ -745,9 +760,11 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         );
     }
     drop(shard);
-    after_command(worker);
+    let sink = batch.remote.then_some(&mut batch.events);
+    after_command_into(worker, sink);
     let _ = batch.done.send(BatchResult {
         out: batch.out,
+        events: batch.events,
         aborted: false,
     });
 }
@@ -776,6 +793,8 @@ pub async fn run_batch_on(
         cmds,
         out: Reply::new(spec.resp3),
         atomic: spec.atomic,
+        remote: target != worker.id,
+        events: Vec::new(),
         done: tx,
     };
     if target == worker.id {
@@ -786,16 +805,35 @@ pub async fn run_batch_on(
             .shared
             .send(target, Box::new(move |w| run_batch(w, batch)));
     }
-    rx.await.expect("shard thread stopped")
+    let result = rx.await.expect("shard thread stopped");
+    for (db, event, key) in &result.events {
+        crate::pubsub::publish_event(worker, *db, event, key);
+    }
+    result
 }
+
+/// A keyspace event: database, event name, key.
+pub type KeyEvent = (usize, &'static str, Bytes);
 
 /// What follows every command (or transaction) on a shard: its keyspace events are
 /// published, then clients blocked on keys it filled are served.
 pub fn after_command(worker: &Rc<Worker>) {
+    after_command_into(worker, None);
+}
+
+/// `after_command`, handing the events to `sink` instead of publishing them: a batch
+/// from another thread's connection carries them back so that connection publishes
+/// everything it caused in its own order.
+pub fn after_command_into(worker: &Rc<Worker>, mut sink: Option<&mut Vec<KeyEvent>>) {
     loop {
         let events = std::mem::take(&mut worker.shard.borrow_mut().events);
-        for (db, event, key) in events {
-            crate::pubsub::publish_event(worker, db, event, &key);
+        match sink.as_deref_mut() {
+            Some(s) => s.extend(events),
+            None => {
+                for (db, event, key) in events {
+                    crate::pubsub::publish_event(worker, db, event, &key);
+                }
+            }
         }
         crate::blocking::serve_ready(worker);
         if worker.shard.borrow().events.is_empty() {
