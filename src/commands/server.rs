@@ -1058,3 +1058,84 @@ pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
         }
     }
 }
+
+// ---- MEMORY ----
+
+pub const MEMORY_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("help", 2, "loading stale"),
+    ("stats", 2, ""),
+    ("usage", -3, "readonly"),
+];
+
+const MEMORY_HELP: &[&str] = &[
+    "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "STATS",
+    "    Figures on memory use.",
+    "USAGE <key> [SAMPLES <count>]",
+    "    Bytes a key and its value take, estimated.",
+    "HELP",
+    "    Print this help.",
+];
+
+/// What one entry of the key table costs besides its key and value.
+const ENTRY_OVERHEAD: usize = 48;
+
+async_handler!(memory, |sess, args| {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "usage" => {
+            if args.len() != 3 && !(args.len() == 5 && eq_ci(&args[3], "samples")) {
+                return sess.error(SYNTAX_ERR);
+            }
+            if args.len() == 5 && parse_i64(&args[4]).is_err() {
+                return sess.error(super::util::NOT_INT);
+            }
+            let db = sess.db;
+            let key = args[2].clone();
+            let shard = sess.worker.shard_of(&key);
+            let size = hop(&sess.worker, shard, move |w| {
+                let mut sh = w.shard.borrow_mut();
+                sh.lookup(db, &key, unix_ms())
+                    .map(|e| ENTRY_OVERHEAD + e.key.len() + e.value.heap_size())
+            })
+            .await;
+            match size {
+                Some(n) => sess.out.int(n as i64),
+                None => sess.out.null(),
+            }
+        }
+        "stats" => {
+            let reports = broadcast(&sess.worker, |w| thread_report(w)).await;
+            let keys: u64 = reports
+                .iter()
+                .flat_map(|r| r.keyspace.iter().map(|k| k.0))
+                .sum();
+            let shared = &sess.worker.shared;
+            let used = shared.used_memory.load(Ordering::Relaxed) as u64;
+            let peak = shared.peak_memory.load(Ordering::Relaxed) as u64;
+            let rss = rss_bytes();
+            let dataset = used;
+            sess.out.map(9);
+            sess.out.bulk(b"peak.allocated");
+            sess.out.int(peak as i64);
+            sess.out.bulk(b"total.allocated");
+            sess.out.int(used as i64);
+            sess.out.bulk(b"keys.count");
+            sess.out.int(keys as i64);
+            sess.out.bulk(b"keys.bytes-per-key");
+            sess.out.int(used.checked_div(keys).unwrap_or(0) as i64);
+            sess.out.bulk(b"dataset.bytes");
+            sess.out.int(dataset as i64);
+            sess.out.bulk(b"peak.percentage");
+            sess.out.double(if peak > 0 { used as f64 * 100.0 / peak as f64 } else { 0.0 });
+            sess.out.bulk(b"allocator.allocated");
+            sess.out.int(used as i64);
+            sess.out.bulk(b"allocator.resident");
+            sess.out.int(rss as i64);
+            sess.out.bulk(b"fragmentation");
+            sess.out.double(if used > 0 { rss as f64 / used as f64 } else { 0.0 });
+        }
+        "help" => help(sess, MEMORY_HELP),
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+});

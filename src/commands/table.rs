@@ -94,6 +94,10 @@ pub fn all() -> Vec<Command> {
         c("lastsave", 1, "loading stale fast", NONE, "server", "1.0.0", "Returns the unix time of the last save.", Conn(server::lastsave)),
         c("debug", -2, "admin noscript loading stale", NONE, "server", "1.0.0", "Debugging helpers.", Async(server::debug)),
         c("shutdown", -1, "admin noscript loading stale no_multi allow_busy", NONE, "server", "1.0.0", "Stops the server.", Conn(server::shutdown)),
+        with_subcommands(
+            c("memory", -2, "", NONE, "server", "4.0.0", "Reports memory use.", Async(server::memory)),
+            server::MEMORY_SUBCOMMANDS,
+        ),
         c("monitor", 1, "admin noscript loading stale", NONE, "server", "1.0.0", "Streams every command the server runs.", Async(server::monitor)),
         with_subcommands(
             c("slowlog", -2, "", NONE, "server", "2.2.12", "Reads or resets the slow log.", Async(server::slowlog)),
