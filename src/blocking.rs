@@ -90,20 +90,51 @@ pub struct Waiter {
     pub keys_here: Vec<Bytes>,
 }
 
-#[derive(Default)]
+/// A (database, key) a client waits on. Looked up by `(usize, &[u8])` without copying
+/// the key: pushes check for waiters on every write.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct WaitKey {
+    db: usize,
+    key: Bytes,
+}
+
+impl hashbrown::Equivalent<WaitKey> for (usize, &[u8]) {
+    fn equivalent(&self, k: &WaitKey) -> bool {
+        self.0 == k.db && self.1 == &k.key[..]
+    }
+}
+
+/// Registrations are removed lazily: a served, timed-out or departed call leaves its
+/// entries behind, they are skipped (and dropped) when met at the front of a queue, and
+/// a periodic compaction bounds the dead ones. So serving a call costs the same however
+/// many keys it waited on, and a call that blocks on k keys pays k insertions only.
 pub struct BlockTable {
-    waiting: HashMap<(usize, Bytes), VecDeque<Rc<Waiter>>>,
+    waiting: HashMap<WaitKey, VecDeque<Rc<Waiter>>>,
     /// Keys with waiters that gained elements, served when the current command ends.
     ready: Vec<(usize, Bytes)>,
+    /// Registrations held in the queues, live or dead, and the count that triggers the
+    /// next compaction.
+    entries: usize,
+    compact_at: usize,
+}
+
+const MIN_COMPACT_AT: usize = 4096;
+
+impl Default for BlockTable {
+    fn default() -> Self {
+        BlockTable {
+            waiting: HashMap::new(),
+            ready: Vec::new(),
+            entries: 0,
+            compact_at: MIN_COMPACT_AT,
+        }
+    }
 }
 
 impl BlockTable {
     #[inline]
     pub fn is_waited(&self, db: usize, key: &[u8]) -> bool {
-        !self.waiting.is_empty()
-            && self
-                .waiting
-                .contains_key(&(db, Bytes::copy_from_slice(key)))
+        !self.waiting.is_empty() && self.waiting.contains_key(&(db, key))
     }
 
     pub fn mark_ready(&mut self, db: usize, key: &[u8]) {
@@ -118,43 +149,53 @@ impl BlockTable {
 
     /// Keys some client is blocked on (INFO's total_blocking_keys).
     pub fn keys_count(&self) -> usize {
-        self.waiting.len()
+        self.waiting
+            .values()
+            .filter(|q| q.iter().any(|w| !w.claim.load(Ordering::Acquire)))
+            .count()
     }
 
     fn add(&mut self, w: Rc<Waiter>) {
         for k in &w.keys_here {
             self.waiting
-                .entry((w.db, k.clone()))
+                .entry(WaitKey {
+                    db: w.db,
+                    key: k.clone(),
+                })
                 .or_default()
                 .push_back(w.clone());
         }
+        self.entries += w.keys_here.len();
+        if self.entries > self.compact_at {
+            self.compact();
+        }
     }
 
-    /// Drops a call's registrations on this shard.
-    fn remove(&mut self, db: usize, keys: &[Bytes], claim: &Arc<AtomicBool>) {
-        for k in keys {
-            let slot = (db, k.clone());
-            if let Some(q) = self.waiting.get_mut(&slot) {
-                q.retain(|w| !Arc::ptr_eq(&w.claim, claim));
-                if q.is_empty() {
-                    self.waiting.remove(&slot);
-                }
-            }
-        }
+    /// Drops every dead registration; amortised over the registrations that grew the
+    /// table to twice its live size.
+    fn compact(&mut self) {
+        let mut live = 0;
+        self.waiting.retain(|_, q| {
+            q.retain(|w| !w.claim.load(Ordering::Acquire));
+            live += q.len();
+            !q.is_empty()
+        });
+        self.entries = live;
+        self.compact_at = (2 * live).max(MIN_COMPACT_AT);
     }
 
     /// The oldest live waiter on a key, dropping claimed ones on the way.
     fn first_live(&mut self, db: usize, key: &Bytes) -> Option<Rc<Waiter>> {
-        let slot = (db, key.clone());
-        let q = self.waiting.get_mut(&slot)?;
+        let q = self.waiting.get_mut(&(db, &key[..]))?;
         while let Some(w) = q.front() {
             if w.claim.load(Ordering::Acquire) {
                 q.pop_front();
+                self.entries -= 1;
             } else {
                 return Some(w.clone());
             }
         }
-        self.waiting.remove(&slot);
+        self.waiting.remove(&(db, &key[..]));
         None
     }
 }
@@ -258,7 +299,6 @@ pub fn serve_ready(worker: &Rc<Worker>) {
             {
                 continue;
             }
-            sh.blocking.remove(w.db, &w.keys_here, &w.claim);
             let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
             if let Err(mpsc::error::SendError(d)) = w.deliver.send(delivery) {
                 if let Some(undo) = d.undo {
@@ -487,15 +527,17 @@ pub async fn block(
     let claim = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::unbounded_channel::<Delivery>();
 
+    // Group the keys by shard in argument order, dropping repeats (a hash set keeps this
+    // linear for calls over hundreds of keys).
     let mut parts: Vec<ShardPart> = Vec::new();
+    let mut seen: hashbrown::HashSet<&[u8]> = hashbrown::HashSet::with_capacity(keys.len());
     for k in keys {
+        if !seen.insert(&k[..]) {
+            continue;
+        }
         let s = worker.shard_of(k);
         match parts.iter_mut().find(|p| p.shard == s) {
-            Some(p) => {
-                if !p.keys.contains(k) {
-                    p.keys.push(k.clone())
-                }
-            }
+            Some(p) => p.keys.push(k.clone()),
             None => parts.push(ShardPart {
                 shard: s,
                 keys: vec![k.clone()],
@@ -524,12 +566,10 @@ pub async fn block(
         registered.push(part.shard);
         match tried {
             Tried::Served(d) => {
-                unregister(&worker, db, &parts, &registered, &claim);
                 return Outcome::Served(d.reply);
             }
             Tried::WrongType => {
                 claim.store(true, Ordering::Release);
-                unregister(&worker, db, &parts, &registered, &claim);
                 return Outcome::Error(WRONGTYPE);
             }
             Tried::Waiting => {}
@@ -541,7 +581,6 @@ pub async fn block(
     drop(tx);
 
     let outcome = wait(sess, &mut rx, &claim, timeout).await;
-    unregister(&worker, db, &parts, &registered, &claim);
     match outcome {
         Ok(d) => Outcome::Served(d.reply),
         Err(e) => Outcome::Ended(e),
@@ -590,27 +629,6 @@ async fn serve_first_in_order(
         }
     }
     Tried::Waiting
-}
-
-/// Drops a call's registrations on the shards where it registered.
-fn unregister(
-    worker: &Rc<Worker>,
-    db: usize,
-    parts: &[ShardPart],
-    registered: &[usize],
-    claim: &Arc<AtomicBool>,
-) {
-    for part in parts.iter().filter(|p| registered.contains(&p.shard)) {
-        let (keys, claim) = (part.keys.clone(), claim.clone());
-        let forget = move |w: &Rc<Worker>| {
-            w.shard.borrow_mut().blocking.remove(db, &keys, &claim);
-        };
-        if part.shard == worker.id {
-            forget(worker);
-        } else {
-            worker.shared.send(part.shard, Box::new(forget));
-        }
-    }
 }
 
 /// Waits for a delivery, the timeout, CLIENT UNBLOCK/KILL or the client leaving.
@@ -708,5 +726,49 @@ fn serve_ready_on(worker: &Rc<Worker>, target: usize) {
         serve_ready(worker);
     } else {
         worker.shared.send(target, Box::new(serve_ready));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(keys: &[&str]) -> Rc<Waiter> {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        Rc::new(Waiter {
+            claim: Arc::new(AtomicBool::new(false)),
+            db: 0,
+            op: Arc::new(BlockOp::ListPop { left: true }),
+            resp3: false,
+            deliver: tx,
+            keys_here: keys
+                .iter()
+                .map(|k| Bytes::copy_from_slice(k.as_bytes()))
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn dead_registrations_stay_bounded() {
+        let mut t = BlockTable::default();
+        let keys: Vec<String> = (0..50).map(|i| format!("q{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        for _ in 0..10_000 {
+            let w = waiter(&refs);
+            t.add(w.clone());
+            // Served or timed out: the call's token is taken, its entries are dead.
+            w.claim.store(true, Ordering::Release);
+        }
+        assert!(
+            t.entries <= 2 * MIN_COMPACT_AT + refs.len(),
+            "{} entries",
+            t.entries
+        );
+        let live = waiter(&["q7"]);
+        t.add(live.clone());
+        let first = t.first_live(0, &Bytes::from_static(b"q7")).unwrap();
+        assert!(Rc::ptr_eq(&first, &live));
+        assert!(t.is_waited(0, b"q7"));
+        assert_eq!(t.keys_count(), 1);
     }
 }

@@ -1127,13 +1127,21 @@ async_handler!(memory, |sess, args| {
             sess.out.bulk(b"dataset.bytes");
             sess.out.int(dataset as i64);
             sess.out.bulk(b"peak.percentage");
-            sess.out.double(if peak > 0 { used as f64 * 100.0 / peak as f64 } else { 0.0 });
+            sess.out.double(if peak > 0 {
+                used as f64 * 100.0 / peak as f64
+            } else {
+                0.0
+            });
             sess.out.bulk(b"allocator.allocated");
             sess.out.int(used as i64);
             sess.out.bulk(b"allocator.resident");
             sess.out.int(rss as i64);
             sess.out.bulk(b"fragmentation");
-            sess.out.double(if used > 0 { rss as f64 / used as f64 } else { 0.0 });
+            sess.out.double(if used > 0 {
+                rss as f64 / used as f64
+            } else {
+                0.0
+            });
         }
         "help" => help(sess, MEMORY_HELP),
         _ => unreachable!("subcommands are checked before dispatch"),
