@@ -16,6 +16,14 @@
 //!
 //! Commands call `ctx.key_ready(key)` after XADD and XGROUP DESTROY, so that waiters can be
 //! served (or told their group is gone).
+//!
+//! Notes for serving waiters the way Redis 7.2 does: a read with history ids never waits
+//! (it is always answered at once); `$` is resolved when the command first runs; a woken
+//! XREADGROUP re-runs [`read_group_new`], which answers NOGROUP when the group or the key
+//! went away and WRONGTYPE when the key changed type (the reply a woken client gets);
+//! a stream whose last entries were deleted has nothing to serve, so its readers keep
+//! waiting. Inside MULTI (or a script) Redis answers a read that would wait with a null
+//! array.
 
 use bytes::Bytes;
 
@@ -220,17 +228,15 @@ fn put_entry(out: &mut Reply, e: &EntryRef<'_>) {
 
 /// Writes an array of the entries `iter` yields, at most `count` (0: all).
 fn put_entries<'a>(out: &mut Reply, iter: impl Iterator<Item = EntryRef<'a>>, count: usize) {
-    let mut body = Reply::new(out.resp3);
-    let mut n = 0;
-    for e in iter {
-        if count > 0 && n == count {
-            break;
-        }
-        put_entry(&mut body, &e);
-        n += 1;
+    let entries: Vec<EntryRef<'a>> = if count > 0 {
+        iter.take(count).collect()
+    } else {
+        iter.collect()
+    };
+    out.array(entries.len());
+    for e in &entries {
+        put_entry(out, e);
     }
-    out.array(n);
-    out.raw(&body.buf);
 }
 
 fn put_opt_int(out: &mut Reply, v: Option<i64>) {
@@ -264,6 +270,41 @@ fn stream_read<'a>(ctx: &'a mut ExecCtx, key: &[u8]) -> Result<Option<&'a mut St
             _ => Err(()),
         },
     }
+}
+
+/// A read lookup like `stream_read` that leaves the reply free to be written while the
+/// stream is borrowed.
+fn split_read<'a>(
+    ctx: &'a mut ExecCtx,
+    key: &[u8],
+) -> (Result<Option<&'a mut Stream>, ()>, &'a mut Reply) {
+    let lru = ctx.shard.lru_clock();
+    let ExecCtx {
+        shard,
+        db,
+        out,
+        now_ms,
+        no_touch,
+        hits,
+        misses,
+    } = ctx;
+    let found = match shard.lookup(*db, key, *now_ms) {
+        None => {
+            *misses += 1;
+            Ok(None)
+        }
+        Some(e) => {
+            *hits += 1;
+            if !*no_touch {
+                e.lru = lru;
+            }
+            match &mut e.value {
+                Value::Stream(s) => Ok(Some(&mut **s)),
+                _ => Err(()),
+            }
+        }
+    };
+    (found, &mut **out)
 }
 
 /// Runs `f` with a context on `sh` (for the cross-shard forms); keyspace hits and misses
@@ -507,22 +548,20 @@ fn range_command(ctx: &mut ExecCtx, args: &[Bytes], rev: bool) {
             return ctx.out.error(SYNTAX_ERR);
         }
     }
-    let resp3 = ctx.out.resp3;
-    let mut out = Reply::new(resp3);
-    match stream_read(ctx, &args[1]) {
-        Err(()) => return ctx.out.error(WRONGTYPE),
+    let (found, out) = split_read(ctx, &args[1]);
+    match found {
+        Err(()) => out.error(WRONGTYPE),
         Ok(None) => out.array(0),
         Ok(Some(_)) if count == Some(0) => out.null_array(),
         Ok(Some(s)) => {
             let n = count.unwrap_or(0);
             if rev {
-                put_entries(&mut out, s.log.range_rev(start, end), n);
+                put_entries(out, s.log.range_rev(start, end), n);
             } else {
-                put_entries(&mut out, s.log.range(start, end), n);
+                put_entries(out, s.log.range(start, end), n);
             }
         }
     }
-    ctx.out.raw(&out.buf);
 }
 
 /// XRANGE key start end [COUNT n]
