@@ -226,16 +226,18 @@ fn put_entry(out: &mut Reply, e: &EntryRef<'_>) {
     }
 }
 
-/// Writes an array of the entries `iter` yields, at most `count` (0: all).
-fn put_entries<'a>(out: &mut Reply, iter: impl Iterator<Item = EntryRef<'a>>, count: usize) {
-    let entries: Vec<EntryRef<'a>> = if count > 0 {
-        iter.take(count).collect()
-    } else {
-        iter.collect()
-    };
-    out.array(entries.len());
-    for e in &entries {
-        put_entry(out, e);
+/// Writes an array of the entries `range` yields, at most `count` (0: all). The range is
+/// walked twice, first to count, so a long reply needs no buffer besides itself.
+fn put_entries<'a, I: Iterator<Item = EntryRef<'a>>>(
+    out: &mut Reply,
+    range: impl Fn() -> I,
+    count: usize,
+) {
+    let limit = if count > 0 { count } else { usize::MAX };
+    let n = range().take(limit).count();
+    out.array(n);
+    for e in range().take(n) {
+        put_entry(out, &e);
     }
 }
 
@@ -556,9 +558,9 @@ fn range_command(ctx: &mut ExecCtx, args: &[Bytes], rev: bool) {
         Ok(Some(s)) => {
             let n = count.unwrap_or(0);
             if rev {
-                put_entries(out, s.log.range_rev(start, end), n);
+                put_entries(out, || s.log.range_rev(start, end), n);
             } else {
-                put_entries(out, s.log.range(start, end), n);
+                put_entries(out, || s.log.range(start, end), n);
             }
         }
     }
@@ -811,7 +813,7 @@ pub fn read_entries_after(
     match s.log.last_entry_id() {
         Some(last) if last > after => {
             let start = after.next().expect("below an existing id");
-            put_entries(out, s.log.range(start, StreamId::MAX), count);
+            put_entries(out, || s.log.range(start, StreamId::MAX), count);
             Ok(true)
         }
         _ => Ok(false),
@@ -1783,6 +1785,11 @@ pub fn xsetid(ctx: &mut ExecCtx, args: &[Bytes]) {
             Ok(Some(s)) => s,
         };
         let log = &mut s.log;
+        if id < log.max_deleted {
+            return ctx.out.error(
+                "ERR The ID specified in XSETID is smaller than current max_deleted_entry_id",
+            );
+        }
         if !log.is_empty() {
             let top = log.last_entry_id().unwrap_or(StreamId::MIN);
             if id < top {
@@ -1890,7 +1897,7 @@ fn stream_info_full(out: &mut Reply, s: &Stream, count: usize) {
     out.map(9);
     stream_header(out, s);
     out.bulk(b"entries");
-    put_entries(out, s.log.range(StreamId::MIN, StreamId::MAX), count);
+    put_entries(out, || s.log.range(StreamId::MIN, StreamId::MAX), count);
     out.bulk(b"groups");
     out.array(s.groups.len());
     for (name, g) in &s.groups {
