@@ -4,7 +4,8 @@
 use bytes::Bytes;
 
 use super::{
-    connection as conn, hashes, keys, lists, pubsub, server, sets, strings, transactions as tx,
+    connection as conn, hashes, keys, lists, pubsub, server, sets, streams, strings,
+    transactions as tx,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -235,6 +236,28 @@ pub fn all() -> Vec<Command> {
         c("sdiff", -2, "readonly", KALL, "set", "1.0.0", "Returns the members of the first set that are in none of the others.", Multi(sets::sdiff, sets::sdiff_cross)),
         c("sdiffstore", -3, "write denyoom", KALL, "set", "1.0.0", "Stores the difference of sets in a key.", Multi(sets::sdiffstore, sets::sdiffstore_cross)),
         c("sscan", -3, "readonly", K1, "set", "2.8.0", "Iterates over the members of a set with a cursor.", Shard(sets::sscan)),
+        // Streams
+        c("xadd", -5, "write denyoom fast", K1, "stream", "5.0.0", "Appends an entry to a stream, creating and trimming it as asked.", Shard(streams::xadd)),
+        c("xlen", 2, "readonly fast", K1, "stream", "5.0.0", "Returns the number of entries in a stream.", Shard(streams::xlen)),
+        c("xrange", -4, "readonly", K1, "stream", "5.0.0", "Returns the entries of a stream between two ids.", Shard(streams::xrange)),
+        c("xrevrange", -4, "readonly", K1, "stream", "5.0.0", "Returns the entries of a stream between two ids, newest first.", Shard(streams::xrevrange)),
+        c("xdel", -3, "write fast", K1, "stream", "5.0.0", "Deletes entries of a stream by id.", Shard(streams::xdel)),
+        c("xtrim", -4, "write", K1, "stream", "5.0.0", "Drops the oldest entries of a stream by length or id.", Shard(streams::xtrim)),
+        c("xread", -4, "readonly blocking", Keys::Custom(streams::xread_keys, (0, 0, 0)), "stream", "5.0.0", "Reads entries newer than given ids from one or more streams.", Multi(streams::xread, streams::xread_cross)),
+        c("xreadgroup", -7, "write blocking", Keys::Custom(streams::xreadgroup_keys, (0, 0, 0)), "stream", "5.0.0", "Reads entries for a consumer of a group, recording them as pending.", Multi(streams::xreadgroup, streams::xreadgroup_cross)),
+        with_subcommands(
+            c("xgroup", -2, "", Keys::Custom(streams::container_keys, (0, 0, 0)), "stream", "5.0.0", "Creates, changes and removes consumer groups and consumers.", Shard(streams::xgroup)),
+            streams::XGROUP_SUBCOMMANDS,
+        ),
+        c("xack", -4, "write fast", K1, "stream", "5.0.0", "Acknowledges pending entries of a consumer group.", Shard(streams::xack)),
+        c("xpending", -3, "readonly", K1, "stream", "5.0.0", "Inspects the pending entries of a consumer group.", Shard(streams::xpending)),
+        c("xclaim", -6, "write fast", K1, "stream", "5.0.0", "Gives pending entries to another consumer.", Shard(streams::xclaim)),
+        c("xautoclaim", -6, "write fast", K1, "stream", "6.2.0", "Gives pending entries idle long enough to another consumer, scanning with a cursor.", Shard(streams::xautoclaim)),
+        c("xsetid", -3, "write denyoom fast", K1, "stream", "5.0.0", "Sets the last id and counters of a stream.", Shard(streams::xsetid)),
+        with_subcommands(
+            c("xinfo", -2, "", Keys::Custom(streams::container_keys, (0, 0, 0)), "stream", "5.0.0", "Describes streams, their consumer groups and consumers.", Shard(streams::xinfo)),
+            streams::XINFO_SUBCOMMANDS,
+        ),
         // Transactions
         c("multi", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "1.2.0", "Starts a transaction.", Conn(tx::multi)),
         c("exec", 1, "noscript loading stale skip_slowlog noqueue", NONE, "transactions", "1.2.0", "Runs the queued commands atomically.", Async(tx::exec)),
