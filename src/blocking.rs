@@ -22,6 +22,7 @@ use hashbrown::HashMap;
 use tokio::sync::mpsc;
 
 use crate::commands::lists;
+use crate::commands::streams::{self, ReadFrom};
 use crate::protocol::reply::Reply;
 use crate::server::io;
 use crate::server::session::Session;
@@ -60,6 +61,13 @@ pub enum BlockOp {
         from_left: bool,
         to_left: bool,
         dst: Bytes,
+    },
+    /// XREAD / XREADGROUP BLOCK: where each stream's read starts (`$` already resolved).
+    XRead {
+        reads: Vec<(Bytes, ReadFrom)>,
+        group: Option<(Bytes, Bytes)>,
+        count: usize,
+        noack: bool,
     },
 }
 
@@ -143,6 +151,20 @@ impl BlockTable {
         }
     }
 
+    /// Marks every waited key of `db` ready (FLUSHDB, SWAPDB: readers of a stream that
+    /// went away must hear about it).
+    pub fn mark_db_ready(&mut self, db: usize) {
+        let keys: Vec<Bytes> = self
+            .waiting
+            .keys()
+            .filter(|k| k.db == db)
+            .map(|k| k.key.clone())
+            .collect();
+        for k in keys {
+            self.mark_ready(db, &k);
+        }
+    }
+
     pub fn has_ready(&self) -> bool {
         !self.ready.is_empty()
     }
@@ -207,6 +229,17 @@ fn has_data(sh: &mut Shard, db: usize, key: &[u8], op: &BlockOp) -> Data {
         | BlockOp::ListPop { .. }
         | BlockOp::ListMultiPop { .. }
         | BlockOp::ListMove { .. } => lists::list_data(sh, db, key),
+        BlockOp::XRead { reads, group, .. } => {
+            let Some((_, from)) = reads.iter().find(|(k, _)| &k[..] == key) else {
+                return Data::Empty;
+            };
+            let g = group.as_ref().map(|g| &g.0[..]);
+            if sh.with_ctx(db, |ctx| streams::blocked_read_ready(ctx, key, *from, g)) {
+                Data::Ready
+            } else {
+                Data::Empty
+            }
+        }
     }
 }
 
@@ -256,6 +289,25 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
                 left: *left,
                 values,
             })
+        }
+        BlockOp::XRead {
+            reads,
+            group,
+            count,
+            noack,
+        } => {
+            let from = reads
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|r| r.1)
+                .expect("served keys are the call's keys");
+            let reply = sh.with_ctx(db, |ctx| {
+                streams::serve_blocked_read(ctx, key, from, group.as_ref(), *count, *noack, resp3)
+            });
+            out.raw(&reply.buf);
+            // Entries read stay read; a group's delivery stays in its pending list, where
+            // it can be claimed, as in Redis.
+            None
         }
         BlockOp::ListMove {
             from_left,
@@ -432,6 +484,66 @@ pub enum Outcome {
     Served(BytesMut),
     Ended(Ended),
     Error(&'static str),
+}
+
+/// XREAD/XREADGROUP with BLOCK: resolves `$` to each stream's last id, runs the read as
+/// usual (it answers at once when any stream has something, or with its error), and
+/// blocks only when it found nothing.
+pub async fn run_stream_read(
+    sess: &mut Session,
+    cmd: &'static crate::commands::Command,
+    mut args: Vec<Bytes>,
+    call: BlockCall,
+) {
+    let BlockOp::XRead {
+        group,
+        count,
+        noack,
+        ..
+    } = call.op
+    else {
+        unreachable!("stream reads only")
+    };
+    let first_id = args.len() - call.keys.len();
+    let db = sess.db;
+    for (i, key) in call.keys.iter().enumerate() {
+        if group.is_none() && &args[first_id + i][..] == b"$" {
+            let k = key.clone();
+            let last = hop(&sess.worker, sess.worker.shard_of(key), move |w| {
+                w.shard
+                    .borrow_mut()
+                    .with_ctx(db, |ctx| streams::last_id(ctx, &k))
+            })
+            .await;
+            args[first_id + i] = Bytes::from(last.to_string());
+        }
+    }
+    let mark = sess.out.buf.len();
+    crate::commands::run_handler(sess, cmd, args.clone()).await;
+    let written = &sess.out.buf[mark..];
+    if written != b"*-1\r\n" && written != b"_\r\n" {
+        return;
+    }
+    sess.out.buf.truncate(mark);
+    let reads: Option<Vec<(Bytes, ReadFrom)>> = call
+        .keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            streams::blocked_read_from(&args[first_id + i], group.is_some()).map(|f| (k.clone(), f))
+        })
+        .collect();
+    let Some(reads) = reads else {
+        return sess.out.null_array();
+    };
+    let op = BlockOp::XRead {
+        reads,
+        group,
+        count,
+        noack,
+    };
+    let outcome = block(sess, &call.keys, op, call.timeout).await;
+    write_outcome(sess, outcome);
 }
 
 /// Runs a blocking command for a session outside MULTI and writes its reply: served at

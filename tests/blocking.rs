@@ -393,3 +393,118 @@ fn immediate_replies_match_redis() {
         assert_eq!(a, b, "{cmd:?}: kite {a} vs redis {b}");
     }
 }
+
+fn stream_wakeups(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut admin = s.client();
+
+    // XREAD BLOCK with `$` over two streams: served by the first XADD after it blocked.
+    let mut r = s.client();
+    r.set_timeout(Some(Duration::from_secs(10)));
+    admin.cmd(&["XADD", "s1", "1-1", "old", "entry"]);
+    r.send(&["XREAD", "BLOCK", "0", "STREAMS", "s0", "s1", "$", "$"]);
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["XADD", "s1", "2-1", "f", "v"]);
+    let reply = r.read();
+    let streams = reply.as_array().unwrap();
+    assert_eq!(streams.len(), 1, "{reply}");
+    let one = streams[0].as_array().unwrap();
+    assert_eq!(one[0], Resp::bulk("s1"));
+    assert_eq!(
+        one[1].as_array().unwrap().len(),
+        1,
+        "only the new entry: {reply}"
+    );
+
+    // A timeout answers a null array.
+    assert!(r
+        .cmd(&["XREAD", "BLOCK", "20", "STREAMS", "s1", "$"])
+        .is_null());
+
+    // COUNT is honoured when a transaction adds many entries at once.
+    admin.cmd(&["XGROUP", "CREATE", "jobs", "workers", "$", "MKSTREAM"]);
+    r.send(&[
+        "XREADGROUP",
+        "GROUP",
+        "workers",
+        "c1",
+        "COUNT",
+        "1",
+        "BLOCK",
+        "0",
+        "STREAMS",
+        "jobs",
+        ">",
+    ]);
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["MULTI"]);
+    for i in 0..50 {
+        admin.cmd(&["XADD", "jobs", "*", "n", &i.to_string()]);
+    }
+    admin.cmd(&["EXEC"]);
+    let reply = r.read();
+    let entries = reply.as_array().unwrap()[0].as_array().unwrap()[1]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(entries, 1, "COUNT 1 on wake-up: {reply}");
+    let pending = admin.cmd(&["XPENDING", "jobs", "workers"]);
+    assert_eq!(pending.as_array().unwrap()[0], Resp::Integer(1));
+
+    // A blocked XREADGROUP learns that its stream was deleted.
+    r.send(&[
+        "XREADGROUP",
+        "GROUP",
+        "workers",
+        "c1",
+        "BLOCK",
+        "0",
+        "STREAMS",
+        "jobs",
+        ">",
+    ]);
+    let reply = r.read();
+    assert_eq!(
+        reply.as_array().unwrap()[0].as_array().unwrap()[1]
+            .as_array()
+            .unwrap()
+            .len(),
+        49
+    );
+    r.send(&[
+        "XREADGROUP",
+        "GROUP",
+        "workers",
+        "c1",
+        "BLOCK",
+        "0",
+        "STREAMS",
+        "jobs",
+        ">",
+    ]);
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["DEL", "jobs"]);
+    assert_eq!(
+        r.read(),
+        Resp::Error(
+            "NOGROUP No such key 'jobs' or consumer group 'workers' in XREADGROUP with GROUP option"
+                .into()
+        )
+    );
+
+    // Inside MULTI a read that would wait answers a null array.
+    r.cmd(&["MULTI"]);
+    r.cmd(&["XREAD", "BLOCK", "0", "STREAMS", "s1", "$"]);
+    assert_eq!(r.cmd(&["EXEC"]), Resp::Array(vec![Resp::NullArray]));
+    assert_eq!(info_int(&mut admin, "blocked_clients"), 0);
+}
+
+#[test]
+fn stream_wakeups_threads1() {
+    stream_wakeups(1);
+}
+
+#[test]
+fn stream_wakeups_threads4() {
+    stream_wakeups(4);
+}

@@ -1302,17 +1302,18 @@ fn cross_shard_reads_threads4() {
 }
 
 #[test]
-fn block_serves_data_or_says_it_cannot_wait() {
+fn block_serves_data_at_once_or_times_out() {
     let kite = KiteServer::start(&[], 4);
     let mut c = kite.client();
     c.cmd_str("XADD s 1-1 a 1");
     let r = c.cmd_str("XREAD BLOCK 0 STREAMS s 0");
     assert_eq!(r.as_array().unwrap().len(), 1);
-    let r = c.cmd_str("XREAD BLOCK 100 STREAMS s $");
-    assert_err_prefix(&r, "ERR XREAD and XREADGROUP with BLOCK cannot wait");
+    // Waiting is tested in tests/blocking.rs; here a short BLOCK times out.
+    assert!(c.cmd_str("XREAD BLOCK 100 STREAMS s $").is_null());
     c.cmd_str("XGROUP CREATE s g $");
-    let r = c.cmd_str("XREADGROUP GROUP g c BLOCK 10 STREAMS s >");
-    assert_err_prefix(&r, "ERR XREAD and XREADGROUP with BLOCK cannot wait");
+    assert!(c
+        .cmd_str("XREADGROUP GROUP g c BLOCK 10 STREAMS s >")
+        .is_null());
     // Without BLOCK, nothing is a null reply.
     assert!(c.cmd_str("XREAD STREAMS s $").is_null());
 }

@@ -810,20 +810,20 @@ cross_handler!(blmpop_cross, |sess, args, tx| {
 // ---- What the blocking machinery calls ----
 
 /// How BLPOP/BRPOP block: their keys, the op and the timeout.
-pub fn bpop_call(args: &[Bytes]) -> Result<BlockCall, String> {
+pub fn bpop_call(args: &[Bytes]) -> Result<Option<BlockCall>, String> {
     let timeout = parse_timeout(&args[args.len() - 1])?;
     let left = eq_ci(&args[0], "blpop");
-    Ok(BlockCall {
+    Ok(Some(BlockCall {
         keys: args[1..args.len() - 1].to_vec(),
         op: BlockOp::ListPop { left },
         timeout,
-    })
+    }))
 }
 
-pub fn blmove_call(args: &[Bytes]) -> Result<BlockCall, String> {
+pub fn blmove_call(args: &[Bytes]) -> Result<Option<BlockCall>, String> {
     let timeout = parse_timeout(&args[args.len() - 1])?;
     let (from_left, to_left) = move_sides(args, 3)?;
-    Ok(BlockCall {
+    Ok(Some(BlockCall {
         keys: vec![args[1].clone()],
         op: BlockOp::ListMove {
             from_left,
@@ -831,17 +831,17 @@ pub fn blmove_call(args: &[Bytes]) -> Result<BlockCall, String> {
             dst: args[2].clone(),
         },
         timeout,
-    })
+    }))
 }
 
-pub fn blmpop_call(args: &[Bytes]) -> Result<BlockCall, String> {
+pub fn blmpop_call(args: &[Bytes]) -> Result<Option<BlockCall>, String> {
     let timeout = parse_timeout(&args[1])?;
     let (keys, left, count) = parse_mpop(args, 2)?;
-    Ok(BlockCall {
+    Ok(Some(BlockCall {
         keys,
         op: BlockOp::ListMultiPop { left, count },
         timeout,
-    })
+    }))
 }
 
 /// Whether `key` holds a non-empty list (or something a list waiter cannot take).

@@ -133,8 +133,9 @@ pub struct Command {
     pub block: Option<BlockSpecFn>,
 }
 
-/// Parses a blocking command into what the blocking machinery needs.
-pub type BlockSpecFn = fn(&[Bytes]) -> Result<crate::blocking::BlockCall, String>;
+/// Parses a blocking command into what the blocking machinery needs; None when this call
+/// does not block (XREAD without BLOCK).
+pub type BlockSpecFn = fn(&[Bytes]) -> Result<Option<crate::blocking::BlockCall>, String>;
 
 impl Command {
     #[inline]
@@ -435,15 +436,28 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
             let start = Instant::now();
             let flushed_before = sess.flushed_mid_command;
             let mark = sess.out.buf.len();
+            let kept = args.clone();
             match call(&args) {
-                Ok(call) => crate::blocking::run_blocking(sess, call).await,
+                Ok(Some(call)) => {
+                    if matches!(call.op, crate::blocking::BlockOp::XRead { .. }) {
+                        crate::blocking::run_stream_read(sess, cmd, args, call).await;
+                    } else {
+                        crate::blocking::run_blocking(sess, call).await;
+                    }
+                }
+                Ok(None) => return run_handler(sess, cmd, args).await,
                 Err(e) => sess.out.error(&e),
             }
             let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
-            sess.record_here(cmd, &args, start, mark);
+            sess.record_here(cmd, &kept, start, mark);
             return;
         }
     }
+    run_handler(sess, cmd, args).await;
+}
+
+/// Runs a command's handler on the right thread (never blocking).
+pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
     match cmd.handler {
         Handler::Conn(f) => {
             let start = Instant::now();

@@ -48,9 +48,6 @@ const TOO_LARGE: &str = "ERR Elements are too large to be stored";
 const BAD_START: &str = "ERR invalid start ID for the interval";
 const BAD_END: &str = "ERR invalid end ID for the interval";
 const NEED_KEY: &str = "ERR The XGROUP subcommand requires the key to exist. Note that for CREATE you may want to use the MKSTREAM option to create an empty stream automatically.";
-/// What a read answers when it finds nothing and was asked to block.
-pub const BLOCK_UNSUPPORTED: &str =
-    "ERR XREAD and XREADGROUP with BLOCK cannot wait for entries yet; retry without BLOCK";
 
 // ---------------------------------------------------------------------------
 // Ids and arguments
@@ -1053,13 +1050,106 @@ pub fn write_read_reply(out: &mut Reply, parts: &[(Bytes, Vec<u8>)]) {
     }
 }
 
-/// The reply when no stream had anything.
-fn write_nothing(out: &mut Reply, req: &ReadRequest) {
-    if req.block_ms.is_some() {
-        out.error(BLOCK_UNSUPPORTED);
-    } else {
-        out.null_array();
+/// The reply when no stream had anything (outside MULTI, a BLOCK read then waits: see
+/// `crate::blocking`).
+fn write_nothing(out: &mut Reply) {
+    out.null_array();
+}
+
+/// How XREAD/XREADGROUP block: only with BLOCK, and only outside MULTI.
+fn read_call(args: &[Bytes], group: bool) -> Result<Option<crate::blocking::BlockCall>, String> {
+    let req = parse_read(args, group, unix_ms())?;
+    let Some(ms) = req.block_ms else {
+        return Ok(None);
+    };
+    Ok(Some(crate::blocking::BlockCall {
+        keys: req.keys,
+        op: crate::blocking::BlockOp::XRead {
+            reads: Vec::new(),
+            group: req.group,
+            count: req.count,
+            noack: req.noack,
+        },
+        timeout: (ms > 0).then(|| std::time::Duration::from_millis(ms)),
+    }))
+}
+
+pub fn xread_call(args: &[Bytes]) -> Result<Option<crate::blocking::BlockCall>, String> {
+    read_call(args, false)
+}
+
+pub fn xreadgroup_call(args: &[Bytes]) -> Result<Option<crate::blocking::BlockCall>, String> {
+    read_call(args, true)
+}
+
+/// Where a blocked read of one stream starts, from its id argument (`$` already replaced
+/// by an explicit id).
+pub fn blocked_read_from(arg: &[u8], group: bool) -> Option<ReadFrom> {
+    if group && c_str(arg) == b">" {
+        return Some(ReadFrom::New);
     }
+    match parse_strict_id(arg) {
+        Ok(StreamId::MAX) if group => Some(ReadFrom::New),
+        Ok(id) => Some(ReadFrom::After(id)),
+        Err(_) => None,
+    }
+}
+
+/// The last id of the stream at `key` (`$` of XREAD), the smallest id when missing.
+pub fn last_id(ctx: &mut ExecCtx, key: &[u8]) -> StreamId {
+    read_key_state(ctx, key, None).last_id
+}
+
+/// Whether a blocked read of `key` has something to take now: new entries, or (for a
+/// group) an error to report because the key, its type or the group changed.
+pub fn blocked_read_ready(
+    ctx: &mut ExecCtx,
+    key: &[u8],
+    from: ReadFrom,
+    group: Option<&[u8]>,
+) -> bool {
+    match group {
+        None => {
+            let ReadFrom::After(after) = from else {
+                return false;
+            };
+            matches!(stream_read(ctx, key), Ok(Some(s)) if s.log.last_entry_id().is_some_and(|l| l > after))
+        }
+        Some(g) => match stream_read(ctx, key) {
+            Ok(Some(s)) => match s.groups.get(g) {
+                None => true,
+                Some(grp) => s.log.last_entry_id().is_some_and(|l| l > grp.last_id),
+            },
+            _ => true,
+        },
+    }
+}
+
+/// Serves a blocked read of one stream: the reply (entries of that one stream, or the
+/// error a woken XREADGROUP gets).
+pub fn serve_blocked_read(
+    ctx: &mut ExecCtx,
+    key: &Bytes,
+    from: ReadFrom,
+    group: Option<&(Bytes, Bytes)>,
+    count: usize,
+    noack: bool,
+    resp3: bool,
+) -> Reply {
+    let mut entries = Reply::new(resp3);
+    let mut out = Reply::new(resp3);
+    let found = match (group, from) {
+        (None, ReadFrom::After(after)) => read_entries_after(ctx, key, after, count, &mut entries)
+            .map_err(|e| e.as_bytes().to_vec()),
+        (Some((g, c)), _) => read_group_new(ctx, key, g, c, count, noack, &mut entries),
+        (None, ReadFrom::New) => Ok(false),
+    };
+    match found {
+        Ok(true) => write_read_reply(&mut out, &[(key.clone(), entries.buf.to_vec())]),
+        Ok(false) => out.null_array(),
+        Err(e) => out.error_bytes(&e),
+    }
+    out
 }
 
 fn read_command(ctx: &mut ExecCtx, args: &[Bytes], group: bool) {
@@ -1089,7 +1179,7 @@ fn read_command(ctx: &mut ExecCtx, args: &[Bytes], group: bool) {
         }
     }
     if parts.is_empty() {
-        write_nothing(ctx.out, &req);
+        write_nothing(ctx.out);
     } else {
         write_read_reply(ctx.out, &parts);
     }
@@ -1148,7 +1238,7 @@ async fn read_cross(sess: &mut Session, args: Vec<Bytes>, tx: &Tx, group: bool) 
         }
     }
     if parts.is_empty() {
-        write_nothing(&mut sess.out, &req);
+        write_nothing(&mut sess.out);
     } else {
         write_read_reply(&mut sess.out, &parts);
     }

@@ -243,8 +243,8 @@ pub fn all() -> Vec<Command> {
         c("xrevrange", -4, "readonly", K1, "stream", "5.0.0", "Returns the entries of a stream between two ids, newest first.", Shard(streams::xrevrange)),
         c("xdel", -3, "write fast", K1, "stream", "5.0.0", "Deletes entries of a stream by id.", Shard(streams::xdel)),
         c("xtrim", -4, "write", K1, "stream", "5.0.0", "Drops the oldest entries of a stream by length or id.", Shard(streams::xtrim)),
-        c("xread", -4, "readonly blocking", Keys::Custom(streams::xread_keys, (0, 0, 0)), "stream", "5.0.0", "Reads entries newer than given ids from one or more streams.", Multi(streams::xread, streams::xread_cross)),
-        c("xreadgroup", -7, "write blocking", Keys::Custom(streams::xreadgroup_keys, (0, 0, 0)), "stream", "5.0.0", "Reads entries for a consumer of a group, recording them as pending.", Multi(streams::xreadgroup, streams::xreadgroup_cross)),
+        blocking(c("xread", -4, "readonly blocking", Keys::Custom(streams::xread_keys, (0, 0, 0)), "stream", "5.0.0", "Reads entries newer than given ids from one or more streams.", Multi(streams::xread, streams::xread_cross)), streams::xread_call),
+        blocking(c("xreadgroup", -7, "write blocking", Keys::Custom(streams::xreadgroup_keys, (0, 0, 0)), "stream", "5.0.0", "Reads entries for a consumer of a group, recording them as pending.", Multi(streams::xreadgroup, streams::xreadgroup_cross)), streams::xreadgroup_call),
         with_subcommands(
             c("xgroup", -2, "", Keys::Custom(streams::container_keys, (0, 0, 0)), "stream", "5.0.0", "Creates, changes and removes consumer groups and consumers.", Shard(streams::xgroup)),
             streams::XGROUP_SUBCOMMANDS,

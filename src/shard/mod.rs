@@ -390,6 +390,7 @@ impl Shard {
         if self.dbs[db].table.remove(key).is_some() {
             self.stats.expired_keys += 1;
             self.watches.touch_expired(db, key);
+            self.blocking.mark_ready(db, key);
             self.event(db, b'x', "expired", key);
         }
     }
@@ -454,6 +455,7 @@ impl Shard {
         }
         self.dirty += self.dbs[db].table.len() as u64;
         self.dbs[db].table.clear();
+        self.blocking.mark_db_ready(db);
     }
 
     /// Swaps two databases; watchers of keys whose contents change are told.
@@ -471,6 +473,8 @@ impl Shard {
         }
         self.dbs.swap(a, b);
         self.dirty += 1;
+        self.blocking.mark_db_ready(a);
+        self.blocking.mark_db_ready(b);
     }
 
     /// Runs `f` with an execution context on this shard (steps of cross-shard commands,
@@ -558,6 +562,9 @@ impl ExecCtx<'_> {
             .insert(key, value, expire_at, lru);
         if old.is_none() {
             self.shard.event(self.db, b'n', "new", key);
+        } else {
+            // A value replaced by another: readers blocked on the old one re-check it.
+            self.shard.blocking.mark_ready(self.db, key);
         }
         self.shard.modified(self.db, key);
     }
@@ -569,6 +576,7 @@ impl ExecCtx<'_> {
         }
         self.shard.dbs[self.db].table.remove(key);
         self.shard.modified(self.db, key);
+        self.shard.blocking.mark_ready(self.db, key);
         true
     }
 
