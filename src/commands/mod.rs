@@ -348,6 +348,17 @@ pub fn check_subcommand(cmd: &Command, args: &[Bytes]) -> Result<(), String> {
     }
 }
 
+/// Whether the subcommand called (XGROUP CREATE...) is flagged `denyoom` in the table.
+fn subcommand_denies_oom(cmd: &Command, args: &[Bytes]) -> bool {
+    if cmd.subcommands.is_empty() || args.len() < 2 {
+        return false;
+    }
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    cmd.subcommands
+        .iter()
+        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == "denyoom"))
+}
+
 /// Refuses a known command before it runs. Refusing EXEC discards the transaction (and
 /// says EXECABORT even outside MULTI), as Redis does.
 fn reject_command(sess: &mut Session, cmd: &'static Command, msg: &str) {
@@ -398,6 +409,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
     // Past maxmemory, Redis refuses commands that may grow memory, also while queueing
     // them and at an EXEC that queued one.
     let grows = cmd.has(flags::DENYOOM)
+        || subcommand_denies_oom(cmd, &args)
         || (cmd.name == "exec"
             && sess
                 .multi

@@ -566,7 +566,9 @@ fn write_command_info(sess: &mut Session, cmd: &Command) {
         for n in names {
             sess.out.simple(n);
         }
-        let (first, last, step) = if cmd.name == "object" && *name != "help" {
+        // Subcommands of key-taking containers name their key right after themselves.
+        let keyed = matches!(cmd.name, "object" | "xgroup" | "xinfo");
+        let (first, last, step) = if keyed && *name != "help" {
             (2, 2, 1)
         } else {
             (0, 0, 0)
