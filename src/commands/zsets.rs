@@ -377,12 +377,28 @@ impl Span {
         self.gte(ts, tm) && self.lte(hs, hm)
     }
 
+    /// Rank of the first entry at or above the minimum.
+    fn first_gte(&self, z: &ZSet) -> Option<usize> {
+        match self {
+            Span::Score(r) => z.first_where_score(|s| r.gte_min(s)),
+            Span::Lex(r) => z.first_where(|_, m| r.gte_min(m)),
+        }
+    }
+
+    /// Rank of the last entry at or below the maximum.
+    fn last_lte(&self, z: &ZSet) -> Option<usize> {
+        match self {
+            Span::Score(r) => z.last_where_score(|s| r.lte_max(s)),
+            Span::Lex(r) => z.last_where(|_, m| r.lte_max(m)),
+        }
+    }
+
     /// Rank of the first entry in range.
     fn first_in(&self, z: &ZSet) -> Option<usize> {
         if !self.touches(z) {
             return None;
         }
-        let i = z.first_where(|s, m| self.gte(s, m))?;
+        let i = self.first_gte(z)?;
         let (m, s) = z.get(i)?;
         self.lte(s, m).then_some(i)
     }
@@ -392,23 +408,32 @@ impl Span {
         if !self.touches(z) {
             return None;
         }
-        let i = z.last_where(|s, m| self.lte(s, m))?;
+        let i = self.last_lte(z)?;
         let (m, s) = z.get(i)?;
         self.gte(s, m).then_some(i)
     }
 
-    /// (first rank, count) of the run of entries in range from the first one.
+    /// (first rank, count) of the run of entries in range from the first one. A
+    /// listpack is walked, as Redis walks it; a skiplist answers from two ranks in
+    /// O(log n), as Redis's does.
     fn run(&self, z: &ZSet) -> Option<(usize, usize)> {
         let first = self.first_in(z)?;
         let mut n = 0;
-        z.visit(first, false, |m, s| {
-            if self.lte(s, m) {
-                n += 1;
-                true
-            } else {
-                false
+        match z {
+            ZSet::Small(_) => z.visit(first, false, |m, s| {
+                if self.lte(s, m) {
+                    n += 1;
+                    true
+                } else {
+                    false
+                }
+            }),
+            ZSet::Big(_) => {
+                n = self
+                    .last_lte(z)
+                    .map_or(0, |last| (last + 1).saturating_sub(first))
             }
-        });
+        }
         Some((first, n))
     }
 }

@@ -184,9 +184,16 @@ impl ZSet {
         match self {
             ZSet::Small(p) => p.iter().nth(rank).map(|(_, s, m)| (m, s)),
             ZSet::Big(b) => {
-                let (bi, pos) = b.seek(rank);
-                let (s, id) = b.blocks[bi][pos];
-                Some((&b.nodes[id as usize].member, s))
+                // The ends are found without the Fenwick tree.
+                let (s, id) = if rank == 0 {
+                    b.blocks[0][0]
+                } else if rank == b.len - 1 {
+                    b.blocks[b.blocks.len() - 1].last
+                } else {
+                    let (bi, pos) = b.seek(rank);
+                    b.blocks[bi][pos]
+                };
+                Some((b.member(id), s))
             }
         }
     }
@@ -199,7 +206,18 @@ impl ZSet {
         match self {
             ZSet::Small(p) => p.iter().position(|(_, s, m)| pred(s, m)),
             ZSet::Big(b) => {
-                let r = b.partition_point(|s, m| !pred(s, m));
+                let r = b.partition_point(|s, id| !pred(s, b.member(id)));
+                (r < b.len).then_some(r)
+            }
+        }
+    }
+
+    /// `first_where` for a predicate on scores alone (cheaper on a skiplist).
+    pub fn first_where_score(&self, pred: impl Fn(f64) -> bool) -> Option<usize> {
+        match self {
+            ZSet::Small(p) => p.iter().position(|(_, s, _)| pred(s)),
+            ZSet::Big(b) => {
+                let r = b.partition_point(|s, _| !pred(s));
                 (r < b.len).then_some(r)
             }
         }
@@ -213,10 +231,20 @@ impl ZSet {
                 let all: Vec<(f64, &[u8])> = p.iter().map(|(_, s, m)| (s, m)).collect();
                 all.iter().rposition(|(s, m)| pred(*s, m))
             }
-            ZSet::Big(b) => {
-                let r = b.partition_point(|s, m| pred(s, m));
-                r.checked_sub(1)
+            ZSet::Big(b) => b
+                .partition_point(|s, id| pred(s, b.member(id)))
+                .checked_sub(1),
+        }
+    }
+
+    /// `last_where` for a predicate on scores alone.
+    pub fn last_where_score(&self, pred: impl Fn(f64) -> bool) -> Option<usize> {
+        match self {
+            ZSet::Small(p) => {
+                let all: Vec<f64> = p.iter().map(|(_, s, _)| s).collect();
+                all.iter().rposition(|s| pred(*s))
             }
+            ZSet::Big(b) => b.partition_point(|s, _| pred(s)).checked_sub(1),
         }
     }
 
@@ -426,6 +454,43 @@ struct Node {
     hash: u32,
 }
 
+/// A sorted run of (score, node) entries, never empty, with a copy of its last entry so
+/// that a search over blocks reads one contiguous array.
+#[derive(Clone, Debug)]
+struct Block {
+    last: (f64, u32),
+    items: Vec<(f64, u32)>,
+}
+
+impl Block {
+    fn new(items: Vec<(f64, u32)>) -> Block {
+        Block {
+            last: *items.last().expect("blocks are never empty"),
+            items,
+        }
+    }
+
+    /// Call after changing the items of a block that is not empty.
+    fn refresh(&mut self) {
+        if let Some(l) = self.items.last() {
+            self.last = *l;
+        }
+    }
+}
+
+impl std::ops::Deref for Block {
+    type Target = Vec<(f64, u32)>;
+    fn deref(&self) -> &Vec<(f64, u32)> {
+        &self.items
+    }
+}
+
+impl std::ops::DerefMut for Block {
+    fn deref_mut(&mut self) -> &mut Vec<(f64, u32)> {
+        &mut self.items
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Big {
     nodes: Vec<Node>,
@@ -433,13 +498,15 @@ pub struct Big {
     /// Heads of the hash chains; a power of two long.
     buckets: Vec<u32>,
     hasher: hashbrown::DefaultHashBuilder,
-    /// Sorted blocks of (score, node); never empty blocks.
-    blocks: VecDeque<Vec<(f64, u32)>>,
+    /// The order, in blocks.
+    blocks: VecDeque<Block>,
     /// Fenwick tree over the block lengths (1-based), rebuilt on first use after the
     /// block list changes shape; kept up to date by point updates otherwise.
     fen: RefCell<Vec<u32>>,
     fen_ok: Cell<bool>,
     len: usize,
+    /// Bytes of all live members, for `heap_size`.
+    member_bytes: usize,
 }
 
 impl Big {
@@ -453,6 +520,7 @@ impl Big {
             fen: RefCell::new(Vec::new()),
             fen_ok: Cell::new(false),
             len: 0,
+            member_bytes: 0,
         }
     }
 
@@ -465,12 +533,12 @@ impl Big {
             b.link(id);
             block.push((score, id));
             if block.len() == MERGE_MAX {
-                b.blocks
-                    .push_back(std::mem::replace(&mut block, Vec::with_capacity(MERGE_MAX)));
+                let full = std::mem::replace(&mut block, Vec::with_capacity(MERGE_MAX));
+                b.blocks.push_back(Block::new(full));
             }
         }
         if !block.is_empty() {
-            b.blocks.push_back(block);
+            b.blocks.push_back(Block::new(block));
         }
         b.len = b.nodes.len();
         b.grow_if_needed();
@@ -485,16 +553,10 @@ impl Big {
     }
 
     fn heap_size(&self) -> usize {
-        let members: usize = self
-            .blocks
-            .iter()
-            .flatten()
-            .map(|(_, id)| self.nodes[*id as usize].member.len())
-            .sum();
         self.nodes.capacity() * std::mem::size_of::<Node>()
-            + members
+            + self.member_bytes
             + self.buckets.capacity() * 4
-            + self.blocks.capacity() * std::mem::size_of::<Vec<(f64, u32)>>()
+            + self.blocks.capacity() * std::mem::size_of::<Block>()
             + self.blocks.iter().map(|b| b.capacity() * 16).sum::<usize>()
             + self.fen.borrow().capacity() * 4
     }
@@ -550,6 +612,7 @@ impl Big {
     }
 
     fn alloc(&mut self, member: Box<[u8]>, score: f64, hash: u32) -> u32 {
+        self.member_bytes += member.len();
         let node = Node {
             member,
             score,
@@ -573,6 +636,7 @@ impl Big {
         self.unlink(id);
         let n = &mut self.nodes[id as usize];
         let member = std::mem::take(&mut n.member);
+        self.member_bytes -= member.len();
         n.next = self.free;
         self.free = id;
         member
@@ -582,7 +646,12 @@ impl Big {
     /// so ZSCAN cursors stay meaningful across resizes, as Redis's do.
     fn rehash(&mut self, nbuckets: usize) {
         self.buckets = vec![NIL; nbuckets];
-        let ids: Vec<u32> = self.blocks.iter().flatten().map(|(_, id)| *id).collect();
+        let ids: Vec<u32> = self
+            .blocks
+            .iter()
+            .flat_map(|b| b.iter())
+            .map(|(_, id)| *id)
+            .collect();
         for id in ids {
             self.link(id);
         }
@@ -620,6 +689,7 @@ impl Big {
                 });
                 e.1 = (nodes.len() - 1) as u32;
             }
+            block.refresh();
         }
         self.nodes = nodes;
         self.free = NIL;
@@ -631,7 +701,10 @@ impl Big {
 
     #[inline]
     fn less(&self, e: (f64, u32), score: f64, member: &[u8]) -> bool {
-        cmp_entry(e.0, &self.nodes[e.1 as usize].member, score, member) == Ordering::Less
+        if e.0 != score {
+            return e.0 < score;
+        }
+        self.member(e.1) < member
     }
 
     fn fen_build(&self) {
@@ -702,17 +775,19 @@ impl Big {
         (pos, rem)
     }
 
-    /// Number of leading entries for which `pred` holds (it must hold on a prefix).
-    fn partition_point(&self, pred: impl Fn(f64, &[u8]) -> bool) -> usize {
-        let bi = self.blocks.partition_point(|b| {
-            let (s, id) = *b.last().expect("blocks are never empty");
-            pred(s, &self.nodes[id as usize].member)
-        });
+    #[inline]
+    fn member(&self, id: u32) -> &[u8] {
+        &self.nodes[id as usize].member
+    }
+
+    /// Number of leading entries for which `pred(score, node)` holds (it must hold on a
+    /// prefix). Predicates on scores alone never touch the nodes.
+    fn partition_point(&self, pred: impl Fn(f64, u32) -> bool) -> usize {
+        let bi = self.blocks.partition_point(|b| pred(b.last.0, b.last.1));
         if bi == self.blocks.len() {
             return self.len;
         }
-        let pos =
-            self.blocks[bi].partition_point(|&(s, id)| pred(s, &self.nodes[id as usize].member));
+        let pos = self.blocks[bi].partition_point(|&(s, id)| pred(s, id));
         self.prefix(bi) + pos
     }
 
@@ -724,7 +799,7 @@ impl Big {
         let last = self.blocks.len() - 1;
         let bi = self
             .blocks
-            .partition_point(|b| self.less(*b.last().expect("non-empty"), score, member));
+            .partition_point(|b| self.less(b.last, score, member));
         if bi > last {
             return (last, self.blocks[last].len());
         }
@@ -738,16 +813,18 @@ impl Big {
             self.locate(score, member)
         };
         if self.blocks.is_empty() {
-            self.blocks.push_back(vec![(score, id)]);
+            self.blocks.push_back(Block::new(vec![(score, id)]));
             self.shape_changed();
             return;
         }
         self.blocks[bi].insert(pos, (score, id));
+        self.blocks[bi].refresh();
         self.fen_add(bi, 1);
         if self.blocks[bi].len() > BLOCK_MAX {
             let half = self.blocks[bi].len() / 2;
             let tail = self.blocks[bi].split_off(half);
-            self.blocks.insert(bi + 1, tail);
+            self.blocks[bi].refresh();
+            self.blocks.insert(bi + 1, Block::new(tail));
             self.shape_changed();
         }
     }
@@ -755,6 +832,7 @@ impl Big {
     /// Removes the order entry at (bi, pos) and rebalances its block.
     fn order_remove_at(&mut self, bi: usize, pos: usize) -> (f64, u32) {
         let e = self.blocks[bi].remove(pos);
+        self.blocks[bi].refresh();
         self.fen_add(bi, -1);
         self.fix_block(bi);
         e
@@ -772,11 +850,13 @@ impl Big {
         }
         if bi + 1 < self.blocks.len() && len + self.blocks[bi + 1].len() <= MERGE_MAX {
             let next = self.blocks.remove(bi + 1).expect("next block");
-            self.blocks[bi].extend(next);
+            self.blocks[bi].extend(next.items);
+            self.blocks[bi].refresh();
             self.shape_changed();
         } else if bi > 0 && len + self.blocks[bi - 1].len() <= MERGE_MAX {
             let cur = self.blocks.remove(bi).expect("block");
-            self.blocks[bi - 1].extend(cur);
+            self.blocks[bi - 1].extend(cur.items);
+            self.blocks[bi - 1].refresh();
             self.shape_changed();
         } else if self.blocks[bi].capacity() > 4 * len {
             self.blocks[bi].shrink_to(2 * len);
@@ -854,6 +934,7 @@ impl Big {
         while left > 0 {
             let take = left.min(self.blocks[bi].len() - pos);
             let gone: Vec<(f64, u32)> = self.blocks[bi].drain(pos..pos + take).collect();
+            self.blocks[bi].refresh();
             for (_, id) in gone {
                 self.release(id);
             }
@@ -917,11 +998,22 @@ impl Big {
     #[cfg(test)]
     fn check(&self) {
         assert_eq!(self.blocks.iter().map(|b| b.len()).sum::<usize>(), self.len);
+        let bytes: usize = self
+            .blocks
+            .iter()
+            .flat_map(|b| b.iter())
+            .map(|(_, id)| self.nodes[*id as usize].member.len())
+            .sum();
+        assert_eq!(bytes, self.member_bytes);
         assert!(self
             .blocks
             .iter()
             .all(|b| !b.is_empty() && b.len() <= BLOCK_MAX));
-        let all: Vec<(f64, u32)> = self.blocks.iter().flatten().copied().collect();
+        assert!(self
+            .blocks
+            .iter()
+            .all(|b| b.last == *b.items.last().unwrap()));
+        let all: Vec<(f64, u32)> = self.blocks.iter().flat_map(|b| b.iter()).copied().collect();
         for w in all.windows(2) {
             let (a, b) = (w[0], w[1]);
             assert!(self.less(a, b.0, &self.nodes[b.1 as usize].member));
@@ -1050,8 +1142,17 @@ mod tests {
                     let lo = score;
                     let first = s.iter().position(|(sc, _)| *sc >= lo);
                     assert_eq!(z.first_where(|sc, _| sc >= lo), first);
+                    assert_eq!(z.first_where_score(|sc| sc >= lo), first);
                     let last = s.iter().rposition(|(sc, _)| *sc <= lo);
                     assert_eq!(z.last_where(|sc, _| sc <= lo), last);
+                    assert_eq!(z.last_where_score(|sc| sc <= lo), last);
+                    if let Some((mm, sc)) = z.get(0) {
+                        assert_eq!((mm.to_vec(), sc), (s[0].1.clone(), s[0].0));
+                    }
+                    if let Some((mm, sc)) = z.get(s.len().saturating_sub(1)) {
+                        let l = s.last().unwrap();
+                        assert_eq!((mm.to_vec(), sc), (l.1.clone(), l.0));
+                    }
                 }
             }
             if step % 97 == 0 {
