@@ -1770,3 +1770,50 @@ fn resp3_shapes_threads1() {
 fn resp3_shapes_threads4() {
     mixed_shapes(4);
 }
+
+#[test]
+fn zset_transactions_match_redis() {
+    let kite = KiteServer::start(&[], 4);
+    let redis = RedisServer::start();
+    for resp3 in [false, true] {
+        let mut p = Pair::new(&kite, &redis, resp3, format!("transactions, resp3={resp3}"));
+        let mut other = Pair::new(&kite, &redis, resp3, format!("transactions (other), resp3={resp3}"));
+        scripted(
+            &mut p,
+            &[
+                "ZADD za 1 a 2 b",
+                "ZADD zb 3 b 4 c",
+                "MULTI",
+                "ZADD za 5 e",
+                "ZUNIONSTORE zc 2 za zb WEIGHTS 1 10",
+                "ZRANGE zc 0 -1 WITHSCORES",
+                "ZINTER 2 za zb WITHSCORES",
+                "ZRANGESTORE zd zc 1 2",
+                "ZMPOP 3 nokey zb za MAX COUNT 2",
+                "ZDIFFSTORE ze 2 za zb",
+                "ZINTERCARD 2 za zc",
+                "ZADD za x y",
+                "ZPOPMIN zd 5",
+                "EXEC",
+                "ZRANGE za 0 -1 WITHSCORES",
+                "ZRANGE zb 0 -1 WITHSCORES",
+                "ZRANGE ze 0 -1 WITHSCORES",
+                "EXISTS zd",
+                "MULTI",
+                "ZADD za 1",
+                "EXEC",
+                "WATCH za",
+            ],
+        );
+        other.line("ZADD za 9 z");
+        scripted(&mut p, &["MULTI", "ZCARD za", "EXEC", "WATCH zb"]);
+        other.line("ZADD zb XX 1 nosuch");
+        scripted(&mut p, &["MULTI", "ZCARD zb", "EXEC", "WATCH ze"]);
+        other.line("ZPOPMIN ze");
+        scripted(&mut p, &["MULTI", "ZCARD ze", "EXEC", "WATCH zf"]);
+        other.line("ZUNIONSTORE zf 1 za");
+        scripted(&mut p, &["MULTI", "ZCARD zf", "EXEC", "WATCH zf"]);
+        other.line("ZINTERSTORE zf 2 za nokey");
+        scripted(&mut p, &["MULTI", "ZCARD zf", "EXEC"]);
+    }
+}
