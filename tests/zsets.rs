@@ -1777,7 +1777,12 @@ fn zset_transactions_match_redis() {
     let redis = RedisServer::start();
     for resp3 in [false, true] {
         let mut p = Pair::new(&kite, &redis, resp3, format!("transactions, resp3={resp3}"));
-        let mut other = Pair::new(&kite, &redis, resp3, format!("transactions (other), resp3={resp3}"));
+        let mut other = Pair::new(
+            &kite,
+            &redis,
+            resp3,
+            format!("transactions (other), resp3={resp3}"),
+        );
         scripted(
             &mut p,
             &[

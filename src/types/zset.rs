@@ -70,11 +70,7 @@ impl ZSet {
         let fits = entries.len() <= MAX_LISTPACK_ENTRIES
             && entries.iter().all(|(_, m)| m.len() <= MAX_LISTPACK_VALUE);
         if fits {
-            let mut p = Packed::default();
-            for (s, m) in &entries {
-                p.push(*s, m);
-            }
-            ZSet::Small(p)
+            ZSet::Small(Packed::from_sorted(&entries))
         } else {
             ZSet::Big(Box::new(Big::from_sorted(entries)))
         }
@@ -99,7 +95,7 @@ impl ZSet {
 
     pub fn len(&self) -> usize {
         match self {
-            ZSet::Small(p) => p.len,
+            ZSet::Small(p) => p.len as usize,
             ZSet::Big(b) => b.len,
         }
     }
@@ -117,7 +113,7 @@ impl ZSet {
 
     pub fn heap_size(&self) -> usize {
         match self {
-            ZSet::Small(p) => p.buf.capacity(),
+            ZSet::Small(p) => p.buf.len(),
             ZSet::Big(b) => std::mem::size_of::<Big>() + b.heap_size(),
         }
     }
@@ -133,8 +129,8 @@ impl ZSet {
     /// would outgrow the listpack limits (as Redis's `zsetAdd` does).
     pub fn insert(&mut self, member: &[u8], score: f64) {
         if let ZSet::Small(p) = self {
-            if p.len + 1 > MAX_LISTPACK_ENTRIES || member.len() > MAX_LISTPACK_VALUE {
-                let n = p.len + 1;
+            let n = p.len as usize + 1;
+            if n > MAX_LISTPACK_ENTRIES || member.len() > MAX_LISTPACK_VALUE {
                 self.make_big(n);
             }
         }
@@ -341,11 +337,12 @@ impl ZSet {
 // ---------------------------------------------------------------------------------------
 
 /// Entries back to back in order, each an 8-byte little-endian score, a length byte and
-/// the member (at most 64 bytes while packed).
+/// the member (at most 64 bytes while packed). The buffer is sized exactly, like a
+/// listpack, since small sets are what there are millions of.
 #[derive(Clone, Debug, Default)]
 pub struct Packed {
-    buf: Vec<u8>,
-    len: usize,
+    buf: Box<[u8]>,
+    len: u8,
 }
 
 const HDR: usize = 9;
@@ -397,9 +394,22 @@ impl Packed {
             .chain(member.iter().copied())
     }
 
-    fn push(&mut self, score: f64, member: &[u8]) {
-        self.buf.extend(Self::encode(score, member));
-        self.len += 1;
+    /// Builds a packed set from entries already in order.
+    fn from_sorted(entries: &[(f64, Box<[u8]>)]) -> Packed {
+        let mut buf = Vec::with_capacity(entries.iter().map(|(_, m)| HDR + m.len()).sum());
+        for (s, m) in entries {
+            buf.extend(Self::encode(*s, m));
+        }
+        Packed {
+            buf: buf.into_boxed_slice(),
+            len: entries.len() as u8,
+        }
+    }
+
+    fn edit(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
+        let mut v = std::mem::take(&mut self.buf).into_vec();
+        f(&mut v);
+        self.buf = v.into_boxed_slice();
     }
 
     fn insert(&mut self, score: f64, member: &[u8]) {
@@ -407,28 +417,28 @@ impl Packed {
             .iter()
             .find(|(_, s, m)| cmp_entry(*s, m, score, member) == Ordering::Greater)
             .map_or(self.buf.len(), |(off, _, _)| off);
-        self.buf.splice(at..at, Self::encode(score, member));
+        self.edit(|v| {
+            v.splice(at..at, Self::encode(score, member));
+        });
         self.len += 1;
     }
 
     fn remove_at(&mut self, off: usize) {
         let (_, _, next) = self.entry_at(off);
-        self.buf.drain(off..next);
+        self.edit(|v| {
+            v.drain(off..next);
+        });
         self.len -= 1;
-        if self.buf.capacity() > 2 * self.buf.len() + 64 {
-            self.buf.shrink_to_fit();
-        }
     }
 
     fn remove_range(&mut self, start: usize, end: usize) {
         let offs: Vec<usize> = self.iter().map(|(off, _, _)| off).collect();
         let from = offs[start];
         let to = offs.get(end).copied().unwrap_or(self.buf.len());
-        self.buf.drain(from..to);
-        self.len -= end - start;
-        if self.buf.capacity() > 2 * self.buf.len() + 64 {
-            self.buf.shrink_to_fit();
-        }
+        self.edit(|v| {
+            v.drain(from..to);
+        });
+        self.len -= (end - start) as u8;
     }
 }
 
@@ -1199,6 +1209,15 @@ mod tests {
             .map(|i| (i as f64, format!("{i}").into_bytes().into()))
             .collect();
         assert_eq!(ZSet::from_sorted(e).encoding(), "listpack");
+    }
+
+    #[test]
+    fn a_small_set_is_two_words_and_its_bytes() {
+        assert!(std::mem::size_of::<ZSet>() <= 24);
+        let mut z = ZSet::new();
+        z.insert(b"job:1", 1.0);
+        z.insert(b"job:2", 2.0);
+        assert_eq!(z.heap_size(), 2 * (9 + 5));
     }
 
     #[test]
