@@ -2105,3 +2105,135 @@ pub fn zscan(ctx: &mut ExecCtx, args: &[Bytes]) {
         out.bulk(format_double(s).as_bytes());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_parse_like_string2d() {
+        assert_eq!(parse_score(b"1.5"), Some(1.5));
+        assert_eq!(parse_score(b"+5"), Some(5.0));
+        assert_eq!(parse_score(b".5"), Some(0.5));
+        assert_eq!(parse_score(b"5."), Some(5.0));
+        assert_eq!(parse_score(b"1e3"), Some(1000.0));
+        assert_eq!(parse_score(b"-inf"), Some(f64::NEG_INFINITY));
+        assert_eq!(parse_score(b"Infinity"), Some(f64::INFINITY));
+        assert_eq!(parse_score(b"0x10"), Some(16.0));
+        assert_eq!(parse_score(b"0x1.8p1"), Some(3.0));
+        assert!(parse_score(b"-0").unwrap().is_sign_negative());
+        assert!(parse_score(b"4e-320").is_some(), "denormals are kept");
+        for bad in [
+            &b""[..],
+            b" 1",
+            b"1 ",
+            b"nan",
+            b"-nan",
+            b"1e400",
+            b"1e-400",
+            b"1e",
+            b"1e+",
+            b"0x",
+            b"0x1p",
+            b"--1",
+            b"1\x00",
+            b"abc",
+            b"(1",
+        ] {
+            assert_eq!(parse_score(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn range_bounds_parse_like_strtod() {
+        assert_eq!(parse_score_bound(b"(1.5"), Some((1.5, true)));
+        assert_eq!(parse_score_bound(b"1.5"), Some((1.5, false)));
+        assert_eq!(parse_score_bound(b""), Some((0.0, false)));
+        assert_eq!(parse_score_bound(b"("), Some((0.0, true)));
+        assert_eq!(parse_score_bound(b" 5"), Some((5.0, false)));
+        assert_eq!(parse_score_bound(b"5\x00junk"), Some((5.0, false)));
+        assert_eq!(parse_score_bound(b"1e400"), Some((f64::INFINITY, false)));
+        assert_eq!(parse_score_bound(b"-inf"), Some((f64::NEG_INFINITY, false)));
+        for bad in [&b" "[..], b"5 ", b"nan", b"((1", b"abc", b"1x"] {
+            assert_eq!(
+                parse_score_bound(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn lex_ranges() {
+        let r = LexRange::parse(b"[b", b"(d").unwrap();
+        assert!(!r.gte_min(b"a") && r.gte_min(b"b") && r.gte_min(b"c"));
+        assert!(r.lte_max(b"c") && !r.lte_max(b"d"));
+        assert!(!r.is_empty());
+        let all = LexRange::parse(b"-", b"+").unwrap();
+        assert!(all.gte_min(b"") && all.lte_max(b"\xff\xff"));
+        assert!(LexRange::parse(b"-", b"-").unwrap().is_empty());
+        assert!(LexRange::parse(b"+", b"-").unwrap().is_empty());
+        assert!(LexRange::parse(b"(a", b"[a").unwrap().is_empty());
+        assert!(!LexRange::parse(b"[a", b"[a").unwrap().is_empty());
+        assert!(LexRange::parse(b"+\x00", b"-").is_some());
+        for bad in [&b""[..], b"a", b"+x", b"-x"] {
+            assert!(LexRange::parse(bad, b"+").is_none());
+        }
+    }
+
+    #[test]
+    fn scan_cursors_parse_like_strtoul() {
+        assert_eq!(parse_cursor(b"0"), Some(0));
+        assert_eq!(parse_cursor(b""), Some(0));
+        assert_eq!(parse_cursor(b"+7"), Some(7));
+        assert_eq!(parse_cursor(b"-1"), Some(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_cursor(b"18446744073709551616"), None);
+        assert_eq!(parse_cursor(b" 5"), None);
+        assert_eq!(parse_cursor(b"5 "), None);
+        assert_eq!(parse_cursor(b"x"), None);
+    }
+
+    #[test]
+    fn rank_bounds_clamp_like_redis() {
+        assert_eq!(rank_bounds(0, -1, 5), Some((0, 4)));
+        assert_eq!(rank_bounds(-100, 100, 5), Some((0, 4)));
+        assert_eq!(rank_bounds(3, 1, 5), None);
+        assert_eq!(rank_bounds(5, 10, 5), None);
+        assert_eq!(rank_bounds(-2, -1, 5), Some((3, 4)));
+        assert_eq!(rank_bounds(0, -6, 5), None);
+        assert_eq!(rank_bounds(0, 0, 0), None);
+    }
+
+    #[test]
+    fn numkeys_key_positions() {
+        let a = |v: &[&str]| {
+            v.iter()
+                .map(|s| Bytes::from(s.to_string()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            numkeys_keys(&a(&["zunion", "2", "a", "b", "WITHSCORES"])),
+            vec![2, 3]
+        );
+        assert_eq!(
+            numkeys_keys(&a(&["zunion", "3", "a", "b"])),
+            Vec::<usize>::new()
+        );
+        assert_eq!(numkeys_keys(&a(&["zunion", "x", "a"])), Vec::<usize>::new());
+        assert_eq!(
+            store_numkeys_keys(&a(&["zunionstore", "d", "2", "a", "b"])),
+            vec![1, 3, 4]
+        );
+        assert_eq!(
+            store_numkeys_keys(&a(&["zunionstore", "d", "0", "a"])),
+            vec![1]
+        );
+        assert_eq!(zmpop_keys(&a(&["zmpop", "1", "a", "MIN"])), vec![2]);
+        assert_eq!(
+            zmpop_keys(&a(&["zmpop", "-1", "a", "MIN"])),
+            Vec::<usize>::new()
+        );
+    }
+}
