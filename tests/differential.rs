@@ -1837,7 +1837,7 @@ fn scan_all(c: &mut Client, extra: &[&str]) -> HashSet<Vec<u8>> {
     panic!("SCAN {} did not finish in 100000 calls", extra.join(" "));
 }
 
-const KITE_HAS_ZSETS: bool = false;
+const KITE_HAS_ZSETS: bool = true;
 
 #[test]
 fn scan_returns_same_keys_as_redis() {

@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use super::{
     connection as conn, hashes, keys, lists, pubsub, server, sets, streams, strings,
-    transactions as tx,
+    transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -258,6 +258,39 @@ pub fn all() -> Vec<Command> {
             c("xinfo", -2, "", Keys::Custom(streams::container_keys, (0, 0, 0)), "stream", "5.0.0", "Describes streams, their consumer groups and consumers.", Shard(streams::xinfo)),
             streams::XINFO_SUBCOMMANDS,
         ),
+        // Sorted sets
+        c("zadd", -4, "write denyoom fast", K1, "sorted-set", "1.2.0", "Adds members with scores, or updates their scores.", Shard(zsets::zadd)),
+        c("zincrby", 4, "write denyoom fast", K1, "sorted-set", "1.2.0", "Adds to the score of a member.", Shard(zsets::zincrby)),
+        c("zrem", -3, "write fast", K1, "sorted-set", "1.2.0", "Removes members.", Shard(zsets::zrem)),
+        c("zcard", 2, "readonly fast", K1, "sorted-set", "1.2.0", "Returns the number of members.", Shard(zsets::zcard)),
+        c("zcount", 4, "readonly fast", K1, "sorted-set", "2.0.0", "Counts the members within a score range.", Shard(zsets::zcount)),
+        c("zlexcount", 4, "readonly fast", K1, "sorted-set", "2.8.9", "Counts the members within a lexicographical range.", Shard(zsets::zlexcount)),
+        c("zscore", 3, "readonly fast", K1, "sorted-set", "1.2.0", "Returns the score of a member.", Shard(zsets::zscore)),
+        c("zmscore", -3, "readonly fast", K1, "sorted-set", "6.2.0", "Returns the scores of several members.", Shard(zsets::zmscore)),
+        c("zrank", -3, "readonly fast", K1, "sorted-set", "2.0.0", "Returns the position of a member, lowest score first.", Shard(zsets::zrank)),
+        c("zrevrank", -3, "readonly fast", K1, "sorted-set", "2.0.0", "Returns the position of a member, highest score first.", Shard(zsets::zrevrank)),
+        c("zrange", -4, "readonly", K1, "sorted-set", "1.2.0", "Returns members by rank, score or lexicographical range.", Shard(zsets::zrange)),
+        c("zrangestore", -5, "write denyoom", K12, "sorted-set", "6.2.0", "Stores a range of a sorted set at another key.", Multi(zsets::zrangestore, zsets::zrangestore_cross)),
+        c("zrangebyscore", -4, "readonly", K1, "sorted-set", "1.0.5", "Returns members within a score range.", Shard(zsets::zrangebyscore)),
+        c("zrevrangebyscore", -4, "readonly", K1, "sorted-set", "2.2.0", "Returns members within a score range, highest first.", Shard(zsets::zrevrangebyscore)),
+        c("zrangebylex", -4, "readonly", K1, "sorted-set", "2.8.9", "Returns members within a lexicographical range.", Shard(zsets::zrangebylex)),
+        c("zrevrangebylex", -4, "readonly", K1, "sorted-set", "2.8.9", "Returns members within a lexicographical range, last first.", Shard(zsets::zrevrangebylex)),
+        c("zrevrange", -4, "readonly", K1, "sorted-set", "1.2.0", "Returns members by rank, highest score first.", Shard(zsets::zrevrange)),
+        c("zremrangebyscore", 4, "write", K1, "sorted-set", "1.2.0", "Removes the members within a score range.", Shard(zsets::zremrangebyscore)),
+        c("zremrangebyrank", 4, "write", K1, "sorted-set", "2.0.0", "Removes the members within a rank range.", Shard(zsets::zremrangebyrank)),
+        c("zremrangebylex", 4, "write", K1, "sorted-set", "2.8.9", "Removes the members within a lexicographical range.", Shard(zsets::zremrangebylex)),
+        c("zpopmin", -2, "write fast", K1, "sorted-set", "5.0.0", "Removes and returns the members with the lowest scores.", Shard(zsets::zpopmin)),
+        c("zpopmax", -2, "write fast", K1, "sorted-set", "5.0.0", "Removes and returns the members with the highest scores.", Shard(zsets::zpopmax)),
+        c("zmpop", -4, "write", Keys::Custom(zsets::zmpop_keys, (0, 0, 0)), "sorted-set", "7.0.0", "Pops members from the first non-empty sorted set of several.", Multi(zsets::zmpop, zsets::zmpop_cross)),
+        c("zunion", -3, "readonly", Keys::Custom(zsets::numkeys_keys, (0, 0, 0)), "sorted-set", "6.2.0", "Returns the union of sorted sets.", Multi(zsets::zunion, zsets::zunion_cross)),
+        c("zinter", -3, "readonly", Keys::Custom(zsets::numkeys_keys, (0, 0, 0)), "sorted-set", "6.2.0", "Returns the intersection of sorted sets.", Multi(zsets::zinter, zsets::zinter_cross)),
+        c("zdiff", -3, "readonly", Keys::Custom(zsets::numkeys_keys, (0, 0, 0)), "sorted-set", "6.2.0", "Returns the members of the first sorted set absent from the others.", Multi(zsets::zdiff, zsets::zdiff_cross)),
+        c("zintercard", -3, "readonly", Keys::Custom(zsets::numkeys_keys, (0, 0, 0)), "sorted-set", "7.0.0", "Counts the members of the intersection of sorted sets.", Multi(zsets::zintercard, zsets::zintercard_cross)),
+        c("zunionstore", -4, "write denyoom", Keys::Custom(zsets::store_numkeys_keys, (1, 1, 1)), "sorted-set", "2.0.0", "Stores the union of sorted sets.", Multi(zsets::zunionstore, zsets::zunionstore_cross)),
+        c("zinterstore", -4, "write denyoom", Keys::Custom(zsets::store_numkeys_keys, (1, 1, 1)), "sorted-set", "2.0.0", "Stores the intersection of sorted sets.", Multi(zsets::zinterstore, zsets::zinterstore_cross)),
+        c("zdiffstore", -4, "write denyoom", Keys::Custom(zsets::store_numkeys_keys, (1, 1, 1)), "sorted-set", "6.2.0", "Stores the difference of sorted sets.", Multi(zsets::zdiffstore, zsets::zdiffstore_cross)),
+        c("zrandmember", -2, "readonly", K1, "sorted-set", "6.2.0", "Returns random members.", Shard(zsets::zrandmember)),
+        c("zscan", -3, "readonly", K1, "sorted-set", "2.8.0", "Iterates over members and scores with a cursor.", Shard(zsets::zscan)),
         // Transactions
         c("multi", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "1.2.0", "Starts a transaction.", Conn(tx::multi)),
         c("exec", 1, "noscript loading stale skip_slowlog noqueue", NONE, "transactions", "1.2.0", "Runs the queued commands atomically.", Async(tx::exec)),

@@ -206,15 +206,6 @@ impl Reply {
         }
     }
 
-    /// A boolean: `#t`/`#f` in RESP3, the integer 1/0 in RESP2.
-    pub fn boolean(&mut self, v: bool) {
-        if self.resp3 {
-            self.buf.put_slice(if v { b"#t\r\n" } else { b"#f\r\n" });
-        } else {
-            self.int(v as i64);
-        }
-    }
-
     /// A push message header (`>` in RESP3; an array in RESP2), for pub/sub messages.
     pub fn push(&mut self, len: usize) {
         self.line(if self.resp3 { b'>' } else { b'*' }, len as i64);
