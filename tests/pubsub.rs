@@ -126,7 +126,7 @@ fn keyspace_notifications() {
     let mut sub = s.client();
     sub.send(&["PSUBSCRIBE", "__keyevent@0__:*"]);
     read(&mut sub);
-    let mut expect = |c: &mut Client, event: &str, key: &str| {
+    let expect = |c: &mut Client, event: &str, key: &str| {
         let m = read(c);
         let a = m.as_array().unwrap();
         assert_eq!(a[2], Resp::bulk(format!("__keyevent@0__:{event}")), "{m}");

@@ -78,7 +78,7 @@ fn unsubscribe_from(sess: &mut Session, names: &[Bytes], pattern: bool, reply: b
         } else {
             &sess.channels
         };
-        set.iter().cloned().collect()
+        set.to_vec()
     } else {
         names.to_vec()
     };
