@@ -21,8 +21,8 @@ use bytes::{Bytes, BytesMut};
 use hashbrown::HashMap;
 use tokio::sync::mpsc;
 
-use crate::commands::lists;
 use crate::commands::streams::{self, ReadFrom};
+use crate::commands::{lists, zsets};
 use crate::protocol::reply::Reply;
 use crate::server::io;
 use crate::server::session::Session;
@@ -62,6 +62,12 @@ pub enum BlockOp {
         to_left: bool,
         dst: Bytes,
     },
+    /// BZPOPMIN/BZPOPMAX (`[key, member, score]`) and BZMPOP (`[key, [[member, score]...]]`).
+    ZPop {
+        max: bool,
+        count: usize,
+        multi: bool,
+    },
     /// XREAD / XREADGROUP BLOCK: where each stream's read starts (`$` already resolved).
     XRead {
         reads: Vec<(Bytes, ReadFrom)>,
@@ -79,6 +85,11 @@ pub enum Undo {
         key: Bytes,
         left: bool,
         values: Vec<Box<[u8]>>,
+    },
+    ZAdd {
+        db: usize,
+        key: Bytes,
+        items: zsets::Popped,
     },
 }
 
@@ -229,6 +240,7 @@ fn has_data(sh: &mut Shard, db: usize, key: &[u8], op: &BlockOp) -> Data {
         | BlockOp::ListPop { .. }
         | BlockOp::ListMultiPop { .. }
         | BlockOp::ListMove { .. } => lists::list_data(sh, db, key),
+        BlockOp::ZPop { .. } => zsets::zset_data(sh, db, key),
         BlockOp::XRead { reads, group, .. } => {
             let Some((_, from)) = reads.iter().find(|(k, _)| &k[..] == key) else {
                 return Data::Empty;
@@ -288,6 +300,14 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
                 key: key.clone(),
                 left: *left,
                 values,
+            })
+        }
+        BlockOp::ZPop { max, count, multi } => {
+            let items = zsets::pop_for_waiter(sh, db, key, *max, *count, *multi, &mut out);
+            Some(Undo::ZAdd {
+                db,
+                key: key.clone(),
+                items,
             })
         }
         BlockOp::XRead {
@@ -370,6 +390,7 @@ fn apply_undo(sh: &mut Shard, undo: Undo) {
             left,
             values,
         } => lists::push_back_for_waiter(sh, db, &key, left, values),
+        Undo::ZAdd { db, key, items } => zsets::push_back_for_waiter(sh, db, &key, items),
     }
 }
 
@@ -810,7 +831,7 @@ async fn wait(
             if let Some(undo) = d.undo {
                 let worker = sess.worker.clone();
                 let target = match &undo {
-                    Undo::ListPush { key, .. } => worker.shard_of(key),
+                    Undo::ListPush { key, .. } | Undo::ZAdd { key, .. } => worker.shard_of(key),
                 };
                 hop(&worker, target, move |w| {
                     let mut sh = w.shard.borrow_mut();

@@ -387,6 +387,19 @@ fn immediate_replies_match_redis() {
         &["LRANGE", "e", "0", "-1"],
         &["LTRIM", "e", "5", "1"],
         &["EXISTS", "e"],
+        &["ZADD", "z1", "1", "a", "2", "b", "3", "c"],
+        &["BZPOPMIN", "none", "z1", "1"],
+        &["BZPOPMAX", "z1", "1"],
+        &["BZPOPMIN", "none", "0.01"],
+        &["BZMPOP", "1", "2", "none", "z1", "MIN", "COUNT", "5"],
+        &["BZMPOP", "0.01", "1", "z1", "MAX"],
+        &["BZMPOP", "1", "0", "z1", "MAX"],
+        &["BZPOPMIN", "str", "1"],
+        &["BZPOPMIN", "z1", "-1"],
+        &["MULTI"],
+        &["BZPOPMIN", "none", "0"],
+        &["BZMPOP", "0", "1", "none", "MIN"],
+        &["EXEC"],
     ];
     for cmd in script {
         let (a, b) = (k.cmd(cmd), r.cmd(cmd));
@@ -507,4 +520,62 @@ fn stream_wakeups_threads1() {
 #[test]
 fn stream_wakeups_threads4() {
     stream_wakeups(4);
+}
+
+fn zset_wakeups(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut admin = s.client();
+    // BullMQ's workers wait on a marker sorted set; a ZADD wakes them in order.
+    let mut w1 = s.client();
+    w1.set_timeout(Some(Duration::from_secs(10)));
+    w1.send(&["BZPOPMIN", "bull:q:marker", "0"]);
+    wait_blocked(&mut admin, 1);
+    let mut w2 = s.client();
+    w2.set_timeout(Some(Duration::from_secs(10)));
+    w2.send(&["BZPOPMIN", "other", "bull:q:marker", "0"]);
+    wait_blocked(&mut admin, 2);
+    admin.cmd(&["ZADD", "bull:q:marker", "0", "0", "1", "1"]);
+    assert_eq!(
+        w1.read(),
+        Resp::Array(vec![
+            Resp::bulk("bull:q:marker"),
+            Resp::bulk("0"),
+            Resp::bulk("0")
+        ])
+    );
+    assert_eq!(
+        w2.read(),
+        Resp::Array(vec![
+            Resp::bulk("bull:q:marker"),
+            Resp::bulk("1"),
+            Resp::bulk("1")
+        ])
+    );
+    // A millisecond timeout (BullMQ's) returns, and BZMPOP takes COUNT members.
+    assert!(w1.cmd(&["BZPOPMIN", "bull:q:marker", "0.001"]).is_null());
+    w1.send(&["BZMPOP", "0", "1", "zz", "MAX", "COUNT", "2"]);
+    wait_blocked(&mut admin, 1);
+    admin.cmd(&["ZADD", "zz", "1", "a", "2", "b", "3", "c"]);
+    assert_eq!(
+        w1.read(),
+        Resp::Array(vec![
+            Resp::bulk("zz"),
+            Resp::Array(vec![
+                Resp::Array(vec![Resp::bulk("c"), Resp::bulk("3")]),
+                Resp::Array(vec![Resp::bulk("b"), Resp::bulk("2")]),
+            ])
+        ])
+    );
+    assert_eq!(admin.cmd(&["ZCARD", "zz"]), Resp::Integer(1));
+    assert_eq!(info_int(&mut admin, "blocked_clients"), 0);
+}
+
+#[test]
+fn zset_wakeups_threads1() {
+    zset_wakeups(1);
+}
+
+#[test]
+fn zset_wakeups_threads4() {
+    zset_wakeups(4);
 }

@@ -17,7 +17,9 @@ use bytes::Bytes;
 use super::util::{eq_ci, glob_match, parse_i64, NOT_FLOAT, NOT_INT, SYNTAX_ERR};
 use crate::cross_handler;
 use crate::protocol::reply::{format_double, Reply};
-use crate::shard::{ExecCtx, Shard};
+use crate::server::session::Session;
+use crate::shard::tx::Tx;
+use crate::shard::{unix_ms, ExecCtx, Shard};
 use crate::types::set::Set;
 use crate::types::value::{Value, WRONGTYPE};
 use crate::types::zset::{cmp_entry, ZSet};
@@ -481,18 +483,6 @@ fn after_change(ctx: &mut ExecCtx, key: &[u8], event: &'static str, emptied: boo
     } else {
         ctx.modified(key);
     }
-}
-
-/// Runs `f` in a command context on `sh` (how cross-shard forms reach a shard), adding
-/// the keyspace hits and misses it counted to the shard's counters.
-fn with_ctx<R>(sh: &mut Shard, db: usize, f: impl FnOnce(&mut ExecCtx) -> R) -> R {
-    let mut out = Reply::new(false);
-    let mut ctx = sh.ctx(db, &mut out);
-    let r = f(&mut ctx);
-    let (hits, misses) = (ctx.hits, ctx.misses);
-    sh.stats.keyspace_hits += hits;
-    sh.stats.keyspace_misses += misses;
-    r
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1129,7 +1119,7 @@ cross_handler!(zrangestore_cross, |sess, args, tx| {
     let src = args[2].clone();
     let read = tx
         .run(sess.worker.shard_of(&src), move |sh| {
-            with_ctx(sh, db, |ctx| rangestore_read(ctx, &src, &spec))
+            sh.with_ctx(db, |ctx| rangestore_read(ctx, &src, &spec))
         })
         .await;
     let entries = match read {
@@ -1139,9 +1129,7 @@ cross_handler!(zrangestore_cross, |sess, args, tx| {
     let dst = args[1].clone();
     let n = tx
         .run(sess.worker.shard_of(&dst), move |sh| {
-            with_ctx(sh, db, |ctx| {
-                store_result(ctx, &dst, entries, "zrangestore")
-            })
+            sh.with_ctx(db, |ctx| store_result(ctx, &dst, entries, "zrangestore"))
         })
         .await;
     sess.out.int(n);
@@ -1356,7 +1344,7 @@ cross_handler!(zmpop_cross, |sess, args, tx| {
         let (max, count) = (a.max, a.count);
         let popped = tx
             .run(sess.worker.shard_of(&key), move |sh| {
-                with_ctx(sh, db, |ctx| pop_min_max(ctx, &k, max, count))
+                sh.with_ctx(db, |ctx| pop_min_max(ctx, &k, max, count))
             })
             .await;
         match popped {
@@ -1753,7 +1741,7 @@ async fn setop_cross(
         let ks: Vec<Bytes> = idxs.iter().map(|&i| args[keys.start + i].clone()).collect();
         let got = tx
             .run(shard, move |sh| {
-                with_ctx(sh, db, |ctx| {
+                sh.with_ctx(db, |ctx| {
                     ks.iter()
                         .map(|k| match ctx.get_read(k).map(|e| &e.value) {
                             None => Ok(Owned::Missing),
@@ -1791,7 +1779,7 @@ async fn setop_cross(
         let event = store_event(c.op);
         let n = tx
             .run(sess.worker.shard_of(&dst), move |sh| {
-                with_ctx(sh, db, |ctx| store_result(ctx, &dst, e, event))
+                sh.with_ctx(db, |ctx| store_result(ctx, &dst, e, event))
             })
             .await;
         sess.out.int(n);
@@ -2236,4 +2224,187 @@ mod tests {
             Vec::<usize>::new()
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// BZPOPMIN, BZPOPMAX, BZMPOP (their waiting is in `crate::blocking`)
+// ---------------------------------------------------------------------------------------
+
+/// The non-blocking form of BZPOPMIN/BZPOPMAX (inside MULTI): the first non-empty sorted
+/// set in key order, or a null array.
+fn bzpop_here(ctx: &mut ExecCtx, args: &[Bytes], max: bool) {
+    if let Err(e) = crate::blocking::parse_timeout(&args[args.len() - 1]) {
+        return ctx.out.error(e);
+    }
+    for key in &args[1..args.len() - 1] {
+        match pop_min_max(ctx, key, max, 1) {
+            Err(WrongType) => return ctx.out.error(WRONGTYPE),
+            Ok(Some(items)) if !items.is_empty() => {
+                return reply_bzpop(ctx.out, key, &items[0].0, items[0].1)
+            }
+            _ => continue,
+        }
+    }
+    ctx.out.null_array();
+}
+
+pub fn bzpopmin(ctx: &mut ExecCtx, args: &[Bytes]) {
+    bzpop_here(ctx, args, false);
+}
+
+pub fn bzpopmax(ctx: &mut ExecCtx, args: &[Bytes]) {
+    bzpop_here(ctx, args, true);
+}
+
+async fn bzpop_across(sess: &mut Session, args: Vec<Bytes>, tx: &Tx, max: bool) {
+    if let Err(e) = crate::blocking::parse_timeout(&args[args.len() - 1]) {
+        return sess.out.error(e);
+    }
+    let db = sess.db;
+    for key in &args[1..args.len() - 1] {
+        let k = key.clone();
+        let popped = tx
+            .run(sess.worker.shard_of(key), move |sh| {
+                sh.with_ctx(db, |ctx| pop_min_max(ctx, &k, max, 1))
+            })
+            .await;
+        match popped {
+            Err(WrongType) => return sess.out.error(WRONGTYPE),
+            Ok(Some(items)) if !items.is_empty() => {
+                return reply_bzpop(&mut sess.out, key, &items[0].0, items[0].1)
+            }
+            _ => continue,
+        }
+    }
+    sess.out.null_array();
+}
+
+cross_handler!(bzpopmin_cross, |sess, args, tx| {
+    bzpop_across(sess, args, tx, false).await;
+});
+
+cross_handler!(bzpopmax_cross, |sess, args, tx| {
+    bzpop_across(sess, args, tx, true).await;
+});
+
+/// BZMPOP timeout numkeys key ... MIN|MAX [COUNT n]: its arguments after the timeout are
+/// ZMPOP's.
+fn bzmpop_args(args: &[Bytes]) -> Result<(Option<std::time::Duration>, MpopArgs), String> {
+    let timeout = crate::blocking::parse_timeout(&args[1])?;
+    let a = parse_mpop(&args[1..])?;
+    Ok((timeout, a))
+}
+
+pub fn bzmpop_keys(args: &[Bytes]) -> Vec<usize> {
+    valid_numkeys(args, 2).map_or(Vec::new(), |n| (3..3 + n).collect())
+}
+
+pub fn bzmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
+    let (_, a) = match bzmpop_args(args) {
+        Ok(x) => x,
+        Err(e) => return ctx.out.error(&e),
+    };
+    for key in &a.keys {
+        match pop_min_max(ctx, key, a.max, a.count) {
+            Err(WrongType) => return ctx.out.error(WRONGTYPE),
+            Ok(None) => continue,
+            Ok(Some(items)) => return reply_mpop(ctx.out, key, &items),
+        }
+    }
+    ctx.out.null_array();
+}
+
+cross_handler!(bzmpop_cross, |sess, args, tx| {
+    let (_, a) = match bzmpop_args(&args) {
+        Ok(x) => x,
+        Err(e) => return sess.out.error(&e),
+    };
+    let db = sess.db;
+    for key in a.keys {
+        let k = key.clone();
+        let (max, count) = (a.max, a.count);
+        let popped = tx
+            .run(sess.worker.shard_of(&key), move |sh| {
+                sh.with_ctx(db, |ctx| pop_min_max(ctx, &k, max, count))
+            })
+            .await;
+        match popped {
+            Err(WrongType) => return sess.out.error(WRONGTYPE),
+            Ok(None) => continue,
+            Ok(Some(items)) => return reply_mpop(&mut sess.out, &key, &items),
+        }
+    }
+    sess.out.null_array();
+});
+
+pub fn bzpop_call(args: &[Bytes]) -> Result<Option<crate::blocking::BlockCall>, String> {
+    let timeout = crate::blocking::parse_timeout(&args[args.len() - 1])?;
+    Ok(Some(crate::blocking::BlockCall {
+        keys: args[1..args.len() - 1].to_vec(),
+        op: crate::blocking::BlockOp::ZPop {
+            max: eq_ci(&args[0], "bzpopmax"),
+            count: 1,
+            multi: false,
+        },
+        timeout,
+    }))
+}
+
+pub fn bzmpop_call(args: &[Bytes]) -> Result<Option<crate::blocking::BlockCall>, String> {
+    let (timeout, a) = bzmpop_args(args)?;
+    Ok(Some(crate::blocking::BlockCall {
+        keys: a.keys,
+        op: crate::blocking::BlockOp::ZPop {
+            max: a.max,
+            count: a.count,
+            multi: true,
+        },
+        timeout,
+    }))
+}
+
+/// What a sorted set holds for a blocked pop.
+pub fn zset_data(sh: &mut Shard, db: usize, key: &[u8]) -> crate::blocking::Data {
+    use crate::blocking::Data;
+    match sh.lookup(db, key, unix_ms()) {
+        None => Data::Empty,
+        Some(e) => match &e.value {
+            Value::ZSet(z) if z.len() > 0 => Data::Ready,
+            Value::ZSet(_) => Data::Empty,
+            _ => Data::WrongType,
+        },
+    }
+}
+
+/// Pops for a served BZPOPMIN/BZPOPMAX/BZMPOP waiter and writes its reply.
+pub fn pop_for_waiter(
+    sh: &mut Shard,
+    db: usize,
+    key: &[u8],
+    max: bool,
+    count: usize,
+    multi: bool,
+    out: &mut Reply,
+) -> Popped {
+    let items = sh
+        .with_ctx(db, |ctx| pop_min_max(ctx, key, max, count))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    if multi {
+        reply_mpop(out, key, &items);
+    } else if let Some((m, s)) = items.first() {
+        reply_bzpop(out, key, m, *s);
+    }
+    items
+}
+
+/// Puts back members popped for a client that left before it got them.
+pub fn push_back_for_waiter(sh: &mut Shard, db: usize, key: &[u8], items: Popped) {
+    let mut args = vec![Bytes::from_static(b"ZADD"), Bytes::copy_from_slice(key)];
+    for (m, s) in items {
+        args.push(Bytes::from(crate::protocol::reply::format_double(s)));
+        args.push(Bytes::from(m.into_vec()));
+    }
+    sh.with_ctx(db, |ctx| zadd(ctx, &args));
 }

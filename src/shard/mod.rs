@@ -482,7 +482,11 @@ impl Shard {
     pub fn with_ctx<R>(&mut self, db: usize, f: impl FnOnce(&mut ExecCtx) -> R) -> R {
         let mut out = Reply::new(false);
         let mut ctx = self.ctx(db, &mut out);
-        f(&mut ctx)
+        let r = f(&mut ctx);
+        let (hits, misses) = (ctx.hits, ctx.misses);
+        self.stats.keyspace_hits += hits;
+        self.stats.keyspace_misses += misses;
+        r
     }
 
     /// Makes an execution context for running commands on this shard.
