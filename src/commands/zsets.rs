@@ -2369,7 +2369,7 @@ pub fn zset_data(sh: &mut Shard, db: usize, key: &[u8]) -> crate::blocking::Data
     match sh.lookup(db, key, unix_ms()) {
         None => Data::Empty,
         Some(e) => match &e.value {
-            Value::ZSet(z) if z.len() > 0 => Data::Ready,
+            Value::ZSet(z) if !z.is_empty() => Data::Ready,
             Value::ZSet(_) => Data::Empty,
             _ => Data::WrongType,
         },
