@@ -242,8 +242,11 @@ impl List {
             .front()
             .is_some_and(|c| c.head >= need && c.used() + need <= CHUNK_BYTES);
         if !fits {
-            // A chunk for head pushes is filled from its end.
-            let size = CHUNK_BYTES.max(need);
+            // A chunk for head pushes is filled from its end. It starts small and doubles
+            // up to the chunk size, so a queue that empties and refills with one job at a
+            // time does not allocate (and zero) 8 KiB per job.
+            let front_size = self.chunks.front().map_or(0, |c| c.data.len());
+            let size = (front_size * 2).clamp(64, CHUNK_BYTES).max(need);
             self.chunks.push_front(Chunk {
                 data: vec![0; size],
                 head: size,
