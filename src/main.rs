@@ -1,6 +1,7 @@
 //! Kite: a multi-threaded Redis-protocol server for background-job workloads.
 
 mod blocking;
+mod clock;
 mod commands;
 mod config;
 mod memory;
@@ -160,6 +161,7 @@ fn main() {
         }
     };
     init_logging(&config);
+    clock::init();
     for (name, value) in config.ignored_settings() {
         tracing::warn!("setting '{name} {value}' is accepted but has no effect in Kite yet");
     }

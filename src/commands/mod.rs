@@ -17,7 +17,6 @@ pub mod zsets;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
-use std::time::Instant;
 
 use bytes::Bytes;
 use hashbrown::HashMap;
@@ -445,7 +444,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
 pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
     if let Some(call) = cmd.block {
         if !sess.in_exec {
-            let start = Instant::now();
+            let start = crate::clock::Stopwatch::start();
             let flushed_before = sess.flushed_mid_command;
             let mark = sess.out.buf.len();
             let kept = args.clone();
@@ -472,13 +471,13 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
 pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
     match cmd.handler {
         Handler::Conn(f) => {
-            let start = Instant::now();
+            let start = crate::clock::Stopwatch::start();
             let mark = sess.out.buf.len();
             f(sess, &args);
             sess.record_here(cmd, &args, start, mark);
         }
         Handler::Async(f) => {
-            let start = Instant::now();
+            let start = crate::clock::Stopwatch::start();
             let mark = sess.out.buf.len();
             let kept = args.clone();
             f(sess, args).await;
@@ -491,7 +490,7 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                 let Handler::Multi(_, cross) = cmd.handler else {
                     unreachable!("single-shard command with keys on several shards")
                 };
-                let start = Instant::now();
+                let start = crate::clock::Stopwatch::start();
                 let mark = sess.out.buf.len();
                 let keys: Vec<Bytes> = cmd
                     .key_positions(&args)

@@ -8,7 +8,6 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -283,7 +282,7 @@ async fn watch_broken(sess: &Session, tx: &Tx, check: WatchCheck) -> bool {
 
 /// Runs one queued command inside a multi-shard EXEC, whose transaction holds its locks.
 async fn run_in_tx(sess: &mut Session, tx: &Tx, cmd: &'static Command, args: Vec<Bytes>) {
-    let start = Instant::now();
+    let start = crate::clock::Stopwatch::start();
     let mark = sess.out.buf.len();
     match cmd.handler {
         Handler::Shard(f) | Handler::Multi(f, _) => {

@@ -2,7 +2,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::time::Instant;
 
 use hashbrown::HashMap;
 use tokio::sync::Notify;
@@ -120,7 +119,8 @@ pub struct ClientHandle {
     /// Set by CLIENT KILL (or the idle timeout); the connection closes at its next chance.
     pub killed: Cell<bool>,
     pub wake: Notify,
-    pub last_active: Cell<Instant>,
+    /// Unix ms of the last command (the idle timeout's clock).
+    pub last_active: Cell<u64>,
     /// Waiting in a blocking command.
     pub blocked: Cell<bool>,
     /// Set by CLIENT UNBLOCK: Some(true) to fail with an error, Some(false) to time out.
@@ -133,7 +133,7 @@ impl ClientHandle {
             info: RefCell::new(info),
             killed: Cell::new(false),
             wake: Notify::new(),
-            last_active: Cell::new(Instant::now()),
+            last_active: Cell::new(unix_ms()),
             blocked: Cell::new(false),
             unblock: Cell::new(None),
         })

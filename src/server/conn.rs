@@ -235,8 +235,9 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         }
         let full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
         if !cmds.is_empty() {
-            sess.handle.last_active.set(std::time::Instant::now());
-            sess.handle.info.borrow_mut().last_interaction_unix_ms = unix_ms();
+            let now = unix_ms();
+            sess.handle.last_active.set(now);
+            sess.handle.info.borrow_mut().last_interaction_unix_ms = now;
             run_group(sess, cmds).await;
             // Bytes a blocked command read while it waited come after what was parsed.
             if !sess.stash.is_empty() {

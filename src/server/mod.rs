@@ -123,6 +123,7 @@ async fn housekeeping(worker: Rc<Worker>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        crate::clock::resync();
         let now = unix_ms();
         if worker.shared.active_expire.load(Ordering::Relaxed) {
             active_expire(&worker, now);
@@ -153,10 +154,11 @@ fn close_idle_clients(worker: &Rc<Worker>) {
     if timeout == 0 {
         return;
     }
-    let limit = Duration::from_secs(timeout);
+    let limit_ms = timeout * 1000;
+    let now = unix_ms();
     let clients = worker.clients.borrow();
     for h in clients.map.values() {
-        if h.last_active.get().elapsed() > limit && h.info.borrow().multi < 0 {
+        if now.saturating_sub(h.last_active.get()) > limit_ms && h.info.borrow().multi < 0 {
             h.kill();
         }
     }

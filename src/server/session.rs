@@ -4,7 +4,6 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use crate::commands::transactions::{MultiState, WatchState};
 use crate::commands::Command;
@@ -99,8 +98,14 @@ impl Session {
     }
 
     /// Counts a command that ran on this thread (connection and cross-shard commands).
-    pub fn record_here(&mut self, cmd: &Command, args: &[Bytes], start: Instant, mark: usize) {
-        let usec = start.elapsed().as_micros() as u64;
+    pub fn record_here(
+        &mut self,
+        cmd: &Command,
+        args: &[Bytes],
+        start: crate::clock::Stopwatch,
+        mark: usize,
+    ) {
+        let usec = start.elapsed_us();
         let mut shard = self.worker.shard.borrow_mut();
         let handle = &self.handle;
         shard.log_if_slow(cmd, args, usec, || {

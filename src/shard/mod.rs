@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use bytes::Bytes;
 use hashbrown::HashMap;
@@ -102,19 +102,7 @@ impl Shared {
     }
 }
 
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-pub fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
+pub use crate::clock::{unix_ms, unix_us};
 
 /// Everything one thread owns.
 pub struct Worker {
@@ -252,7 +240,8 @@ pub struct Shard {
     pub stats: Stats,
     /// Write operations since start (`rdb_changes_since_last_save`).
     pub dirty: u64,
-    started: Instant,
+    /// Unix ms when the server started: the origin of OBJECT IDLETIME's clock.
+    started_unix_ms: u64,
     rng: Cell<u64>,
     pub shared: Arc<Shared>,
     /// Slow commands and latency events of this thread.
@@ -264,7 +253,7 @@ pub struct Shard {
 impl Shard {
     pub fn new(id: usize, databases: usize, ncommands: usize, shared: Arc<Shared>) -> Shard {
         Shard {
-            started: shared.started,
+            started_unix_ms: unix_ms().saturating_sub(shared.started.elapsed().as_millis() as u64),
             shared,
             logs: Logs::default(),
             dbs: (0..databases)
@@ -369,7 +358,13 @@ impl Shard {
 
     /// Seconds since start, the clock of OBJECT IDLETIME.
     pub fn lru_clock(&self) -> u32 {
-        self.started.elapsed().as_secs() as u32
+        self.lru_at(unix_ms())
+    }
+
+    /// The OBJECT IDLETIME clock at `now_ms`, without reading the clock again.
+    #[inline]
+    pub fn lru_at(&self, now_ms: u64) -> u32 {
+        (now_ms.saturating_sub(self.started_unix_ms) / 1000) as u32
     }
 
     /// Looks a key up, deleting it first if it has expired (lazy expiry).
@@ -522,7 +517,7 @@ impl ExecCtx<'_> {
         let lru = if self.no_touch {
             None
         } else {
-            Some(self.shard.lru_clock())
+            Some(self.shard.lru_at(self.now_ms))
         };
         let e = self.shard.lookup(self.db, key, self.now_ms)?;
         if let Some(l) = lru {
@@ -538,7 +533,7 @@ impl ExecCtx<'_> {
             self.shard.event(self.db, b'm', "keymiss", key);
             return None;
         }
-        let lru = self.shard.lru_clock();
+        let lru = self.shard.lru_at(self.now_ms);
         match self.shard.lookup(self.db, key, self.now_ms) {
             Some(e) => {
                 self.hits += 1;
@@ -560,7 +555,7 @@ impl ExecCtx<'_> {
 
     /// Stores `value` at `key` with expiry `expire_at` (0: none) and signals the change.
     pub fn set(&mut self, key: &[u8], value: Value, expire_at: u64) {
-        let lru = self.shard.lru_clock();
+        let lru = self.shard.lru_at(self.now_ms);
         let old = self.shard.dbs[self.db]
             .table
             .insert(key, value, expire_at, lru);
@@ -671,7 +666,7 @@ pub fn exec_here(
     no_touch: bool,
 ) {
     let start_len = out.buf.len();
-    let started = Instant::now();
+    let started = crate::clock::Stopwatch::start();
     {
         let mut ctx = shard.ctx(db, out);
         ctx.no_touch = no_touch;
@@ -680,7 +675,7 @@ pub fn exec_here(
         shard.stats.keyspace_hits += hits;
         shard.stats.keyspace_misses += misses;
     }
-    let usec = started.elapsed().as_micros() as u64;
+    let usec = started.elapsed_us();
     shard.log_if_slow(cmd, args, usec, || (String::new(), Vec::new()));
     let st = &mut shard.stats;
     st.total_commands += 1;
