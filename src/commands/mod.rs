@@ -448,23 +448,51 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
             let flushed_before = sess.flushed_mid_command;
             let mark = sess.out.buf.len();
             let kept = args.clone();
+            // A first try on one shard runs through exec_here, which counts the call.
+            let mut counted = false;
             match call(&args) {
                 Ok(Some(call)) => {
                     if matches!(call.op, crate::blocking::BlockOp::XRead { .. }) {
                         crate::blocking::run_stream_read(sess, cmd, args, call).await;
                     } else {
+                        match served_at_once(sess, cmd, &args).await {
+                            Some(true) => return,
+                            Some(false) => counted = true,
+                            None => {}
+                        }
                         crate::blocking::run_blocking(sess, call).await;
                     }
                 }
                 Ok(None) => return run_handler(sess, cmd, args).await,
                 Err(e) => sess.out.error(&e),
             }
-            let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
-            sess.record_here(cmd, &kept, start, mark);
+            if !counted {
+                let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
+                sess.record_here(cmd, &kept, start, mark);
+            }
             return;
         }
     }
     run_handler(sess, cmd, args).await;
+}
+
+/// A blocking command whose keys all live on one shard first runs its non-blocking form
+/// there (inline when that is this thread): when an element is waiting, as it is while a
+/// queue drains, that is the whole call, with none of the waiter's set-up. True when it
+/// answered; false when it found nothing and left no reply; None when the keys span
+/// shards and nothing was tried.
+async fn served_at_once(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) -> Option<bool> {
+    if !matches!(route(sess, cmd, args), Route::Shard(_)) {
+        return None;
+    }
+    let mark = sess.out.buf.len();
+    run_handler(sess, cmd, args.to_vec()).await;
+    let written = &sess.out.buf[mark..];
+    if written == b"*-1\r\n" || written == b"$-1\r\n" || written == b"_\r\n" {
+        sess.out.buf.truncate(mark);
+        return Some(false);
+    }
+    Some(true)
 }
 
 /// Runs a command's handler on the right thread (never blocking).
