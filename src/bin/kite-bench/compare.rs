@@ -54,7 +54,11 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 10)]
     pub drain_consumers: usize,
     /// brpop-keys: CONSUMERSxKEYS_PER_CALL cases.
-    #[arg(long, value_delimiter = ',', default_value = "1000x234,1000x24,100x234")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000x234,1000x24,100x234"
+    )]
     pub brpop: Vec<String>,
     /// brpop-keys: messages per producer (100 producers).
     #[arg(long, default_value_t = 100)]
@@ -130,10 +134,8 @@ fn free_port() -> io::Result<u16> {
 /// Starts a server and waits for its first PONG.
 pub fn start_server(name: &str, bin: &Path, args: &[String]) -> io::Result<Server> {
     let port = free_port()?;
-    let log = std::env::temp_dir().join(format!(
-        "kite-bench-{}-{port}.log",
-        name.replace(' ', "-")
-    ));
+    let log =
+        std::env::temp_dir().join(format!("kite-bench-{}-{port}.log", name.replace(' ', "-")));
     let out = fs::File::create(&log)?;
     let mut cmd = Command::new(bin);
     cmd.arg("--port")
@@ -156,11 +158,7 @@ pub fn start_server(name: &str, bin: &Path, args: &[String]) -> io::Result<Serve
         .map_err(|e| io::Error::other(format!("cannot start {}: {e}", bin.display())))?;
     signal::register_child(child.id() as i32);
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut server = Server {
-        child,
-        addr,
-        log,
-    };
+    let mut server = Server { child, addr, log };
     let t0 = Instant::now();
     loop {
         if let Ok(Some(st)) = server.child.try_wait() {
@@ -225,11 +223,7 @@ pub fn machine() -> String {
 
 type Runs = Vec<(String, usize, RunResult)>;
 
-fn run_workloads(
-    a: &CompareArgs,
-    t: &Target,
-    each: &mut dyn FnMut(RunResult),
-) -> io::Result<()> {
+fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -> io::Result<()> {
     for w in &a.workloads {
         if signal::stopping() {
             break;
@@ -476,7 +470,10 @@ fn table(runs: &Runs, names: &[String], a: &CompareArgs, redis: &Path, took: Dur
         took.as_secs_f64()
     );
     if incomplete > 0 {
-        let _ = writeln!(s, "\n**{incomplete} run(s) stopped by the time limit before finishing.**");
+        let _ = writeln!(
+            s,
+            "\n**{incomplete} run(s) stopped by the time limit before finishing.**"
+        );
     }
     s.push('\n');
     s.push_str("| case | server | ops/s | server CPU µs/op | client CPU µs/op | ops/s ÷ Redis | CPU/op ÷ Redis |");
@@ -504,7 +501,13 @@ fn table(runs: &Runs, names: &[String], a: &CompareArgs, redis: &Path, took: Dur
             let (cpu, cpu_r) = stats(runs, &case, name, "cpu");
             let (cl, _) = stats(runs, &case, name, "client");
             let is_redis = name == "redis";
-            let ratio = |x: Option<f64>| if is_redis { "1".to_string() } else { fmt_ratio(x) };
+            let ratio = |x: Option<f64>| {
+                if is_redis {
+                    "1".to_string()
+                } else {
+                    fmt_ratio(x)
+                }
+            };
             let _ = write!(
                 s,
                 "| {case} | {name} | {} | {} | {} | {} | {} |",
@@ -539,7 +542,9 @@ fn table(runs: &Runs, names: &[String], a: &CompareArgs, redis: &Path, took: Dur
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Two panels of horizontal bars: cost ratios (server CPU per op, p99, memory; lower is
@@ -547,15 +552,22 @@ fn esc(s: &str) -> String {
 /// Redis at 1.0.
 fn svg(runs: &Runs, names: &[String]) -> String {
     let kites: Vec<&String> = names.iter().filter(|n| *n != "redis").collect();
-    let colors = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1"];
+    let colors = [
+        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1",
+    ];
     // (label, ratios per kite)
     let mut cost: Vec<(String, Vec<Option<f64>>)> = Vec::new();
     let mut tput: Vec<(String, Vec<Option<f64>>)> = Vec::new();
     for case in cases(runs) {
         let per = |what: &str| -> Vec<Option<f64>> {
-            kites.iter().map(|k| stats(runs, &case, k, what).1).collect()
+            kites
+                .iter()
+                .map(|k| stats(runs, &case, k, what).1)
+                .collect()
         };
-        let is_latency = runs.iter().any(|(_, _, r)| r.case == case && r.latency.is_some());
+        let is_latency = runs
+            .iter()
+            .any(|(_, _, r)| r.case == case && r.latency.is_some());
         let is_memory = runs
             .iter()
             .any(|(_, _, r)| r.case == case && r.extra_f64("used_memory_per_job").is_some());
@@ -600,8 +612,16 @@ fn svg(runs: &Runs, names: &[String]) -> String {
         );
     }
     let panels = [
-        (&cost, "server CPU per op, p99, memory (lower is better)", 0.0),
-        (&tput, "throughput, ops/s (higher is better)", label_w + panel_w + 30.0),
+        (
+            &cost,
+            "server CPU per op, p99, memory (lower is better)",
+            0.0,
+        ),
+        (
+            &tput,
+            "throughput, ops/s (higher is better)",
+            label_w + panel_w + 30.0,
+        ),
     ];
     for (rowsv, title, x0) in panels {
         let max = rowsv
@@ -716,8 +736,18 @@ mod tests {
             latency_seconds: 0.0,
             memory_jobs: 0,
         };
-        let t = table(&runs, &names, &a, Path::new("redis-server"), Duration::from_secs(1));
-        assert!(t.contains("| ops SET P=1 | kite t2 | 200 | 2500.00 |") || t.contains("| ops SET P=1 | kite t2 | 200 |"), "{t}");
+        let t = table(
+            &runs,
+            &names,
+            &a,
+            Path::new("redis-server"),
+            Duration::from_secs(1),
+        );
+        assert!(
+            t.contains("| ops SET P=1 | kite t2 | 200 | 2500.00 |")
+                || t.contains("| ops SET P=1 | kite t2 | 200 |"),
+            "{t}"
+        );
         assert!(t.contains("2.00×") && t.contains("0.25×"), "{t}");
         let svg = svg(&runs, &names);
         assert!(svg.starts_with("<svg") && svg.contains("0.25"));

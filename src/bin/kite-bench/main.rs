@@ -180,7 +180,9 @@ pub fn loopback_addr(host: &str, port: u16) -> Result<SocketAddr, String> {
         .iter()
         .find(|a| a.ip().is_loopback())
         .copied()
-        .ok_or_else(|| format!("{host} is not a loopback address: kite-bench only targets this machine"))
+        .ok_or_else(|| {
+            format!("{host} is not a loopback address: kite-bench only targets this machine")
+        })
 }
 
 fn target(s: &ServerArgs) -> Result<Target, String> {
@@ -192,7 +194,7 @@ fn target(s: &ServerArgs) -> Result<Target, String> {
             s.port
         );
     }
-    if !(s.max_seconds > 0.0) {
+    if s.max_seconds.is_nan() || s.max_seconds <= 0.0 {
         return Err("--max-seconds must be positive".into());
     }
     Ok(Target {
@@ -209,7 +211,11 @@ pub fn emit(r: &RunResult) {
     eprintln!("{}", r.readable());
 }
 
-pub fn run_drain(t: &Target, a: &DrainArgs, each: &mut dyn FnMut(RunResult)) -> std::io::Result<()> {
+pub fn run_drain(
+    t: &Target,
+    a: &DrainArgs,
+    each: &mut dyn FnMut(RunResult),
+) -> std::io::Result<()> {
     for &q in &a.queues {
         let r = workloads::drain(
             t,
@@ -321,10 +327,10 @@ fn main() -> ExitCode {
             Cmd::Drain(a) => run_drain(&t, a, &mut each),
             Cmd::BrpopKeys(a) => run_brpop_keys(&t, a, &mut each),
             Cmd::Ops(a) => run_ops(&t, a, &mut each),
-            Cmd::Latency(a) => run_latency(&t, a).map(|r| each(r)),
-            Cmd::Memory(a) => run_memory(&t, a).map(|r| each(r)),
-            Cmd::BullmqAdd(a) => scripts::bullmq(&t, a).map(|r| each(r)),
-            Cmd::SidekiqDrain(a) => scripts::sidekiq(&t, a).map(|r| each(r)),
+            Cmd::Latency(a) => run_latency(&t, a).map(&mut each),
+            Cmd::Memory(a) => run_memory(&t, a).map(&mut each),
+            Cmd::BullmqAdd(a) => scripts::bullmq(&t, a).map(&mut each),
+            Cmd::SidekiqDrain(a) => scripts::sidekiq(&t, a).map(&mut each),
             Cmd::Compare(_) => unreachable!(),
         };
         res.map_err(|e| e.to_string())

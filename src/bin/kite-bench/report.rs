@@ -246,11 +246,14 @@ impl RunResult {
     }
 
     pub fn extra_f64(&self, key: &str) -> Option<f64> {
-        self.extra.iter().find(|(k, _)| k == key).and_then(|(_, v)| match v {
-            Json::Num(x) => Some(*x),
-            Json::Int(n) => Some(*n as f64),
-            _ => None,
-        })
+        self.extra
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| match v {
+                Json::Num(x) => Some(*x),
+                Json::Int(n) => Some(*n as f64),
+                _ => None,
+            })
     }
 
     pub fn to_json(&self) -> Json {
@@ -258,7 +261,10 @@ impl RunResult {
             ("workload".into(), self.workload.as_str().into()),
             ("case".into(), self.case.as_str().into()),
             ("server".into(), self.server.as_str().into()),
-            ("server_pid".into(), self.server_pid.map(|p| p as u64).into()),
+            (
+                "server_pid".into(),
+                self.server_pid.map(|p| p as u64).into(),
+            ),
             ("parameters".into(), Json::Obj(self.params.clone())),
             ("unit".into(), self.unit.as_str().into()),
             ("operations".into(), self.ops.into()),
@@ -266,9 +272,15 @@ impl RunResult {
             ("ops_per_s".into(), self.ops_per_s().into()),
             ("complete".into(), self.complete.into()),
             ("server_cpu_s".into(), self.server_cpu_s.into()),
-            ("server_cpu_us_per_op".into(), self.server_us_per_op().into()),
+            (
+                "server_cpu_us_per_op".into(),
+                self.server_us_per_op().into(),
+            ),
             ("client_cpu_s".into(), self.client_cpu_s.into()),
-            ("client_cpu_us_per_op".into(), self.client_us_per_op().into()),
+            (
+                "client_cpu_us_per_op".into(),
+                self.client_us_per_op().into(),
+            ),
         ];
         if let Some(l) = &self.latency {
             o.push((

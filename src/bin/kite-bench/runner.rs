@@ -105,7 +105,10 @@ impl Ctl {
 
     /// The end mark: when the last operation completed, else now (stopped early).
     pub fn end_mark(&self) -> Mark {
-        self.end.lock().unwrap().unwrap_or_else(|| Mark::now(self.pid))
+        self.end
+            .lock()
+            .unwrap()
+            .unwrap_or_else(|| Mark::now(self.pid))
     }
 
     pub fn error(&self) -> Option<String> {

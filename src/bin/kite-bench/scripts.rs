@@ -78,7 +78,11 @@ fn run_script(script: &std::path::Path, args: &[String], t: &Target) -> io::Resu
             "{} failed ({}): {}",
             script.display(),
             out.status,
-            if last.is_empty() { stdout.trim() } else { &last }
+            if last.is_empty() {
+                stdout.trim()
+            } else {
+                &last
+            }
         )));
     }
     if last.is_empty() {

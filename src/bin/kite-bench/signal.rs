@@ -41,8 +41,7 @@ pub fn stopping() -> bool {
 /// Remembers a child server so a second Ctrl-C can kill it.
 pub fn register_child(pid: i32) {
     for c in &CHILDREN {
-        if c
-            .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
+        if c.compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
             return;

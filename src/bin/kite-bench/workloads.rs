@@ -18,18 +18,18 @@ pub const JOB_BYTES: usize = 150;
 pub fn sidekiq_job(out: &mut Vec<u8>, queue: &str, q: u64, seq: u64) {
     let start = out.len();
     let jid = splitmix(seq ^ (q << 48));
-    let head = format!(
-        "{{\"retry\":true,\"queue\":\"{queue}\",\"class\":\"BenchJob\",\"args\":[{seq},\""
-    );
+    // Sidekiq stores the queue's short name ("default" for the list "queue:default").
+    let queue = queue.strip_prefix("queue:").unwrap_or(queue);
+    let head = format!("{{\"queue\":\"{queue}\",\"class\":\"BenchJob\",\"args\":[{seq},\"");
     let tail = format!(
-        "\"],\"jid\":\"{jid:016x}{:08x}\",\"created_at\":1700000000.123456,\"enqueued_at\":1700000000.123457}}",
+        "\"],\"jid\":\"{jid:016x}{:08x}\",\"created_at\":1700000000.123,\"enqueued_at\":1700000000.124}}",
         (q as u32) ^ (seq as u32).rotate_left(16)
     );
     out.extend_from_slice(head.as_bytes());
-    let pad = JOB_BYTES.saturating_sub(head.len() + tail.len()).max(1);
+    let pad = JOB_BYTES.saturating_sub(head.len() + tail.len());
     out.extend(std::iter::repeat_n(b'x', pad));
     out.extend_from_slice(tail.as_bytes());
-    debug_assert!(out.len() - start >= JOB_BYTES);
+    debug_assert!(out.len() - start >= JOB_BYTES || queue.len() > 16);
 }
 
 /// Finishes a result: window, commandstats, error.
@@ -83,7 +83,12 @@ pub struct DrainOpts {
 pub fn drain(t: &Target, o: &DrainOpts) -> io::Result<RunResult> {
     let names: Vec<String> = (0..o.queues).map(|i| format!("{}{i}", o.prefix)).collect();
     let mut admin = Admin::connect(t.addr)?;
-    admin.del_keys(&names.iter().map(|n| n.as_bytes().to_vec()).collect::<Vec<_>>())?;
+    admin.del_keys(
+        &names
+            .iter()
+            .map(|n| n.as_bytes().to_vec())
+            .collect::<Vec<_>>(),
+    )?;
     for (q, name) in names.iter().enumerate() {
         fill_queue(&mut admin, name, q as u64, 0, o.jobs)?;
         if crate::signal::stopping() {
@@ -161,7 +166,12 @@ pub fn drain(t: &Target, o: &DrainOpts) -> io::Result<RunResult> {
         ),
     ];
     let r = finish(r, t, &ctl, &mut admin, &stats0)?;
-    admin.del_keys(&names.iter().map(|n| n.as_bytes().to_vec()).collect::<Vec<_>>())?;
+    admin.del_keys(
+        &names
+            .iter()
+            .map(|n| n.as_bytes().to_vec())
+            .collect::<Vec<_>>(),
+    )?;
     Ok(r)
 }
 
@@ -181,7 +191,14 @@ pub struct BrpopKeysOpts {
 }
 
 /// A BRPOP over `k` distinct random keys out of `keys`.
-fn brpop_random(out: &mut Vec<u8>, rng: &mut Rng, idx: &mut [u32], k: usize, names: &[Vec<u8>], timeout: &[u8]) {
+fn brpop_random(
+    out: &mut Vec<u8>,
+    rng: &mut Rng,
+    idx: &mut [u32],
+    k: usize,
+    names: &[Vec<u8>],
+    timeout: &[u8],
+) {
     let n = idx.len();
     for i in 0..k {
         let j = i + rng.below((n - i) as u64) as usize;
@@ -316,7 +333,10 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
         ("keys_per_call".into(), k.into()),
         ("consumers".into(), o.consumers.into()),
         ("producers".into(), o.producers.into()),
-        ("messages_per_producer".into(), o.messages_per_producer.into()),
+        (
+            "messages_per_producer".into(),
+            o.messages_per_producer.into(),
+        ),
         ("brpop_timeout".into(), o.timeout.into()),
         ("client_threads".into(), threads.into()),
     ];
@@ -324,7 +344,8 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
     r.extra
         .push(("brpop_calls".into(), calls.load(Ordering::Relaxed).into()));
     if !*blocked_ok.lock().unwrap() {
-        r.note = Some("not every consumer was reported blocked before the producers started".into());
+        r.note =
+            Some("not every consumer was reported blocked before the producers started".into());
     }
     admin.del_keys(&names)?;
     Ok(r)
@@ -353,7 +374,11 @@ fn ops_key(cmd: &str, n: u64) -> Vec<u8> {
 }
 
 /// Runs every (pipeline, command) case; one result each.
-pub fn ops(t: &Target, o: &OpsOpts, mut each: impl FnMut(&RunResult)) -> io::Result<Vec<RunResult>> {
+pub fn ops(
+    t: &Target,
+    o: &OpsOpts,
+    mut each: impl FnMut(&RunResult),
+) -> io::Result<Vec<RunResult>> {
     let mut out = Vec::new();
     let mut admin = Admin::connect(t.addr)?;
     let all_keys: Vec<Vec<u8>> = (0..o.keyspace)
@@ -571,7 +596,10 @@ pub fn latency(t: &Target, o: &LatencyOpts) -> io::Result<RunResult> {
         let timeout = timeout.clone();
         async move {
             let mut cmd = Vec::new();
-            resp::encode(&mut cmd, &[b"BRPOP", o.queue.as_bytes(), timeout.as_bytes()]);
+            resp::encode(
+                &mut cmd,
+                &[b"BRPOP", o.queue.as_bytes(), timeout.as_bytes()],
+            );
             let cmd = Rc::new(cmd);
             let mut consumers = Vec::new();
             let mut producer = None;
@@ -808,8 +836,12 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for seq in 0..1000 {
             let mut j = Vec::new();
-            sidekiq_job(&mut j, "q0", 0, seq);
-            assert!(j.len() >= JOB_BYTES && j.len() <= JOB_BYTES + 8, "{}", j.len());
+            sidekiq_job(&mut j, "queue:bench0", 0, seq);
+            assert!(
+                j.len() >= JOB_BYTES && j.len() <= JOB_BYTES + 4,
+                "{}",
+                j.len()
+            );
             let s = String::from_utf8(j).unwrap();
             let jid = s.split("\"jid\":\"").nth(1).unwrap()[..24].to_string();
             assert!(jid.bytes().all(|b| b.is_ascii_hexdigit()));
