@@ -158,6 +158,7 @@ fn latency_and_memory() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     check(&lines[0], "latency", 200);
     assert!(num(&lines[0], "p99").is_some(), "{}", lines[0]);
+    assert_eq!(num(&lines[0], "samples"), Some(200.0), "{}", lines[0]);
 
     let out = bench(&s, &["memory", "--jobs", "2000"]);
     let lines = results(&out);

@@ -630,7 +630,6 @@ pub fn latency(t: &Target, o: &LatencyOpts) -> io::Result<RunResult> {
                 let cmd = cmd.clone();
                 let samples = samples.clone();
                 handles.push(tokio::task::spawn_local(async move {
-                    let mut mine = Vec::new();
                     let mut first = true;
                     let res: io::Result<()> = async {
                         loop {
@@ -648,17 +647,14 @@ pub fn latency(t: &Target, o: &LatencyOpts) -> io::Result<RunResult> {
                             })
                             .await?;
                             if let Some(ts) = got {
-                                mine.push(now_ns().saturating_sub(ts));
-                                if mine.len() >= 64 {
-                                    samples.lock().unwrap().append(&mut mine);
-                                }
+                                // Recorded at once: the task may be aborted at the end.
+                                samples.lock().unwrap().push(now_ns().saturating_sub(ts));
                                 ctl.add(1);
                             }
                         }
                         Ok(())
                     }
                     .await;
-                    samples.lock().unwrap().append(&mut mine);
                     res
                 }));
             }
