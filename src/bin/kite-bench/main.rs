@@ -176,9 +176,11 @@ pub fn loopback_addr(host: &str, port: u16) -> Result<SocketAddr, String> {
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve {host}: {e}"))?
         .collect();
+    // Prefer IPv4: servers here listen on 127.0.0.1 by default.
     addrs
         .iter()
-        .find(|a| a.ip().is_loopback())
+        .find(|a| a.is_ipv4() && a.ip().is_loopback())
+        .or_else(|| addrs.iter().find(|a| a.ip().is_loopback()))
         .copied()
         .ok_or_else(|| {
             format!("{host} is not a loopback address: kite-bench only targets this machine")
