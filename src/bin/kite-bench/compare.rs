@@ -589,7 +589,12 @@ fn svg(runs: &Runs, names: &[String]) -> String {
     let top = 60.0;
     let rows = cost.len().max(tput.len());
     let height = top + rows as f64 * group_h(kites.len()) + 50.0;
-    let width = 2.0 * (label_w + panel_w) + 40.0;
+    let npanels = [&cost, &tput]
+        .iter()
+        .filter(|r| !r.is_empty())
+        .count()
+        .max(1);
+    let width = npanels as f64 * (label_w + panel_w + 30.0) + 10.0;
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -611,18 +616,16 @@ fn svg(runs: &Runs, names: &[String]) -> String {
             esc(k)
         );
     }
-    let panels = [
-        (
-            &cost,
-            "server CPU per op, p99, memory (lower is better)",
-            0.0,
-        ),
-        (
-            &tput,
-            "throughput, ops/s (higher is better)",
-            label_w + panel_w + 30.0,
-        ),
-    ];
+    // Panels without rows (e.g. no throughput figure for latency and memory) are left out.
+    let panels: Vec<_> = [
+        (&cost, "server CPU per op, p99, memory (lower is better)"),
+        (&tput, "throughput, ops/s (higher is better)"),
+    ]
+    .into_iter()
+    .filter(|(rows, _)| !rows.is_empty())
+    .enumerate()
+    .map(|(i, (rows, title))| (rows, title, i as f64 * (label_w + panel_w + 30.0)))
+    .collect();
     for (rowsv, title, x0) in panels {
         let max = rowsv
             .iter()
