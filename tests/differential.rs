@@ -4,13 +4,12 @@
 //! Reproduce one seed: `KITE_DIFF_SEEDS=7 cargo test --release --test differential`.
 //! Longer runs: `KITE_DIFF_OPS=20000`.
 
+#[macro_use]
 mod common;
 
 use common::*;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-type Args = Vec<Vec<u8>>;
 
 /// How two replies are compared.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -35,44 +34,6 @@ impl Step {
     fn new(conn: usize, args: Args, check: Check) -> Step {
         Step { conn, args, check }
     }
-}
-
-trait IntoArg {
-    fn into_arg(self) -> Vec<u8>;
-}
-impl IntoArg for &str {
-    fn into_arg(self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-}
-impl IntoArg for String {
-    fn into_arg(self) -> Vec<u8> {
-        self.into_bytes()
-    }
-}
-impl IntoArg for Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self
-    }
-}
-impl IntoArg for &Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self.clone()
-    }
-}
-impl IntoArg for &[u8] {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_vec()
-    }
-}
-impl IntoArg for i64 {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_string().into_bytes()
-    }
-}
-
-macro_rules! args {
-    ($($x:expr),* $(,)?) => { vec![$(IntoArg::into_arg($x)),*] };
 }
 
 /// The shared key space: small so commands collide; some keys share a hashtag, some

@@ -16,50 +16,11 @@
 //! fields. The generator's wide HSETs use distinct fields (where both agree) and the 7.2
 //! rule is checked on Kite alone.
 
+#[macro_use]
 mod common;
 
 use common::*;
 use std::collections::{BTreeMap, HashSet, VecDeque};
-
-type Args = Vec<Vec<u8>>;
-
-trait IntoArg {
-    fn into_arg(self) -> Vec<u8>;
-}
-impl IntoArg for &str {
-    fn into_arg(self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-}
-impl IntoArg for String {
-    fn into_arg(self) -> Vec<u8> {
-        self.into_bytes()
-    }
-}
-impl IntoArg for Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self
-    }
-}
-impl IntoArg for &Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self.clone()
-    }
-}
-impl IntoArg for &[u8] {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_vec()
-    }
-}
-impl IntoArg for i64 {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_string().into_bytes()
-    }
-}
-
-macro_rules! args {
-    ($($x:expr),* $(,)?) => { vec![$(IntoArg::into_arg($x)),*] };
-}
 
 // ---------------------------------------------------------------------------
 // The random generator

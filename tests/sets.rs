@@ -6,57 +6,13 @@
 //! Reproduce one seed: `KITE_SETS_SEEDS=7 cargo test --release --test sets`.
 //! Longer runs: `KITE_SETS_OPS=20000`.
 
+#[macro_use]
 mod common;
 
 use common::*;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::thread;
 use std::time::{Duration, Instant};
-
-type Args = Vec<Vec<u8>>;
-
-trait IntoArg {
-    fn into_arg(self) -> Vec<u8>;
-}
-impl IntoArg for &str {
-    fn into_arg(self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-}
-impl IntoArg for String {
-    fn into_arg(self) -> Vec<u8> {
-        self.into_bytes()
-    }
-}
-impl IntoArg for Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self
-    }
-}
-impl IntoArg for &Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self.clone()
-    }
-}
-impl IntoArg for &[u8] {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_vec()
-    }
-}
-impl IntoArg for i64 {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_string().into_bytes()
-    }
-}
-impl IntoArg for usize {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_string().into_bytes()
-    }
-}
-
-macro_rules! args {
-    ($($x:expr),* $(,)?) => { vec![$(IntoArg::into_arg($x)),*] };
-}
 
 /// Keys that hold sets. With `--threads 4`, a, b, c and d sit on four different shards
 /// (CRC16 slot mod 4); the `{g}` keys share one shard.

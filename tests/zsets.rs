@@ -14,6 +14,7 @@
 //! Reproduce one seed: `KITE_ZSET_SEEDS=7 cargo test --release --test zsets`; longer runs:
 //! `KITE_ZSET_OPS=20000`.
 
+#[macro_use]
 mod common;
 
 use common::*;
@@ -21,51 +22,6 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
-
-type Args = Vec<Vec<u8>>;
-
-trait IntoArg {
-    fn into_arg(self) -> Vec<u8>;
-}
-impl IntoArg for &str {
-    fn into_arg(self) -> Vec<u8> {
-        self.as_bytes().to_vec()
-    }
-}
-impl IntoArg for String {
-    fn into_arg(self) -> Vec<u8> {
-        self.into_bytes()
-    }
-}
-impl IntoArg for Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self
-    }
-}
-impl IntoArg for &Vec<u8> {
-    fn into_arg(self) -> Vec<u8> {
-        self.clone()
-    }
-}
-impl IntoArg for &[u8] {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_vec()
-    }
-}
-impl IntoArg for i64 {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_string().into_bytes()
-    }
-}
-impl IntoArg for usize {
-    fn into_arg(self) -> Vec<u8> {
-        self.to_string().into_bytes()
-    }
-}
-
-macro_rules! args {
-    ($($x:expr),* $(,)?) => { vec![$(IntoArg::into_arg($x)),*] };
-}
 
 // ---------------------------------------------------------------------------
 // Comparing replies

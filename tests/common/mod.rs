@@ -1019,3 +1019,61 @@ pub fn usize_from_env(name: &str, default: usize) -> usize {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(default)
 }
+
+// ---------------------------------------------------------------------------
+// Building commands for the differential tests
+// ---------------------------------------------------------------------------
+
+/// One command's arguments.
+pub type Args = Vec<Vec<u8>>;
+
+/// Anything that can be one argument of a command.
+pub trait IntoArg {
+    fn into_arg(self) -> Vec<u8>;
+}
+impl IntoArg for &str {
+    fn into_arg(self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+}
+impl IntoArg for String {
+    fn into_arg(self) -> Vec<u8> {
+        self.into_bytes()
+    }
+}
+impl IntoArg for Vec<u8> {
+    fn into_arg(self) -> Vec<u8> {
+        self
+    }
+}
+impl IntoArg for &Vec<u8> {
+    fn into_arg(self) -> Vec<u8> {
+        self.clone()
+    }
+}
+impl IntoArg for &[u8] {
+    fn into_arg(self) -> Vec<u8> {
+        self.to_vec()
+    }
+}
+impl IntoArg for i64 {
+    fn into_arg(self) -> Vec<u8> {
+        self.to_string().into_bytes()
+    }
+}
+
+impl IntoArg for usize {
+    fn into_arg(self) -> Vec<u8> {
+        self.to_string().into_bytes()
+    }
+}
+impl IntoArg for i32 {
+    fn into_arg(self) -> Vec<u8> {
+        self.to_string().into_bytes()
+    }
+}
+/// Builds a command's arguments from strings, byte strings and integers.
+#[allow(unused_macros)]
+macro_rules! args {
+    ($($x:expr),* $(,)?) => { vec![$($crate::common::IntoArg::into_arg($x)),*] };
+}
