@@ -30,33 +30,9 @@ const INVALID_CURSOR: &str = "ERR invalid cursor";
 // Lookups
 // ---------------------------------------------------------------------------------------
 
-/// A read lookup (lazy expiry, keyspace hit or miss, access time) that also hands back
-/// the reply buffer, so replies are written straight from the stored hash.
+/// A read lookup that also hands back the reply buffer (see `ExecCtx::get_read_and_out`).
 fn lookup<'c>(ctx: &'c mut ExecCtx<'_>, key: &[u8]) -> (Option<&'c mut Entry>, &'c mut Reply) {
-    let lru = ctx.shard.lru_clock();
-    let ExecCtx {
-        shard,
-        db,
-        out,
-        now_ms,
-        no_touch,
-        hits,
-        misses,
-        ..
-    } = ctx;
-    match shard.lookup(*db, key, *now_ms) {
-        Some(e) => {
-            *hits += 1;
-            if !*no_touch {
-                e.lru = lru;
-            }
-            (Some(e), &mut **out)
-        }
-        None => {
-            *misses += 1;
-            (None, &mut **out)
-        }
-    }
+    ctx.get_read_and_out(key)
 }
 
 /// What a read lookup found.

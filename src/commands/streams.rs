@@ -277,33 +277,15 @@ fn split_read<'a>(
     ctx: &'a mut ExecCtx,
     key: &[u8],
 ) -> (Result<Option<&'a mut Stream>, ()>, &'a mut Reply) {
-    let lru = ctx.shard.lru_clock();
-    let ExecCtx {
-        shard,
-        db,
-        out,
-        now_ms,
-        no_touch,
-        hits,
-        misses,
-    } = ctx;
-    let found = match shard.lookup(*db, key, *now_ms) {
-        None => {
-            *misses += 1;
-            Ok(None)
-        }
-        Some(e) => {
-            *hits += 1;
-            if !*no_touch {
-                e.lru = lru;
-            }
-            match &mut e.value {
-                Value::Stream(s) => Ok(Some(&mut **s)),
-                _ => Err(()),
-            }
-        }
+    let (entry, out) = ctx.get_read_and_out(key);
+    let found = match entry {
+        None => Ok(None),
+        Some(e) => match &mut e.value {
+            Value::Stream(s) => Ok(Some(&mut **s)),
+            _ => Err(()),
+        },
     };
-    (found, &mut **out)
+    (found, out)
 }
 
 /// Runs `f` with a context on `sh` (for the cross-shard forms); keyspace hits and misses

@@ -53,34 +53,9 @@ fn str_mut(v: &mut Value) -> Option<&mut StrValue> {
     }
 }
 
-/// `ExecCtx::get_read` (a read lookup: lazy expiry, a keyspace hit or miss, the access
-/// time) that also hands back the reply buffer, so a value can be written into the reply
-/// straight from the table without a copy or a second lookup.
+/// A read lookup that also hands back the reply buffer (see `ExecCtx::get_read_and_out`).
 fn lookup<'c>(ctx: &'c mut ExecCtx<'_>, key: &[u8]) -> (Option<&'c mut Entry>, &'c mut Reply) {
-    let lru = ctx.shard.lru_clock();
-    let ExecCtx {
-        shard,
-        db,
-        out,
-        now_ms,
-        no_touch,
-        hits,
-        misses,
-        ..
-    } = ctx;
-    match shard.lookup(*db, key, *now_ms) {
-        Some(e) => {
-            *hits += 1;
-            if !*no_touch {
-                e.lru = lru;
-            }
-            (Some(e), &mut **out)
-        }
-        None => {
-            *misses += 1;
-            (None, &mut **out)
-        }
-    }
+    ctx.get_read_and_out(key)
 }
 
 /// What `reply_string` found.

@@ -528,23 +528,38 @@ impl ExecCtx<'_> {
 
     /// Like `get` but counts a keyspace hit or miss, as Redis's read lookups do.
     pub fn get_read(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        self.get_read_and_out(key).0
+    }
+
+    /// `get_read` that also hands back the reply buffer, so a reply can be written
+    /// straight from the stored value, without a copy or a second lookup.
+    pub fn get_read_and_out(&mut self, key: &[u8]) -> (Option<&mut Entry>, &mut Reply) {
         if crate::pubsub::wanted(&self.shard.shared, b'm') && !self.exists(key) {
             self.misses += 1;
             self.shard.event(self.db, b'm', "keymiss", key);
-            return None;
+            return (None, &mut *self.out);
         }
         let lru = self.shard.lru_at(self.now_ms);
-        match self.shard.lookup(self.db, key, self.now_ms) {
+        let ExecCtx {
+            shard,
+            db,
+            out,
+            now_ms,
+            no_touch,
+            hits,
+            misses,
+        } = self;
+        match shard.lookup(*db, key, *now_ms) {
             Some(e) => {
-                self.hits += 1;
-                if !self.no_touch {
+                *hits += 1;
+                if !*no_touch {
                     e.lru = lru;
                 }
-                Some(e)
+                (Some(e), &mut **out)
             }
             None => {
-                self.misses += 1;
-                None
+                *misses += 1;
+                (None, &mut **out)
             }
         }
     }
