@@ -1088,12 +1088,7 @@ fn run_seed(
         }
     }
     pair.compare_state();
-    if std::env::var_os("KITE_DIFF_STATS").is_some() {
-        eprintln!("seed {seed}: command -> (ok replies, error replies)");
-        for (name, (ok, err)) in &pair.stats {
-            eprintln!("  {name:<12} {ok:>5} {err:>5}");
-        }
-    }
+    print_reply_stats("KITE_DIFF_STATS", seed, &pair.stats);
 }
 
 fn run_differential(threads: usize, default_seeds: &[u64], resp3: bool, test: &str) {

@@ -738,12 +738,7 @@ fn run_seed(kite: &KiteServer, redis: &RedisServer, seed: u64, ops: usize, resp3
         }
     }
     pair.compare_state();
-    if std::env::var_os("KITE_SETS_STATS").is_some() {
-        eprintln!("seed {seed}: command -> (ok replies, error replies)");
-        for (name, (ok, err)) in &pair.stats {
-            eprintln!("  {name:<40} {ok:>5} {err:>5}");
-        }
-    }
+    print_reply_stats("KITE_SETS_STATS", seed, &pair.stats);
 }
 
 fn differential(threads: usize, seeds: &[u64]) {

@@ -748,12 +748,7 @@ fn run_seed(
         }
     }
     pair.compare_state(&gen);
-    if std::env::var_os("KITE_STREAMS_STATS").is_some() {
-        eprintln!("seed {seed}: command -> (ok replies, error replies)");
-        for (name, (ok, err)) in &pair.stats {
-            eprintln!("  {name:<22} {ok:>6} {err:>6}");
-        }
-    }
+    print_reply_stats("KITE_STREAMS_STATS", seed, &pair.stats);
 }
 
 fn run_differential(threads: usize, seeds: &[u64], resp3: bool, test: &str) {

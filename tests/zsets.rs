@@ -787,12 +787,7 @@ fn run_seed(
         p.run(args!["OBJECT", "ENCODING", *k]);
         p.full_scan(k.as_bytes(), 7);
     }
-    if std::env::var_os("KITE_ZSET_STATS").is_some() {
-        eprintln!("seed {seed}: command -> (ok replies, error replies)");
-        for (name, (ok, err)) in &p.stats {
-            eprintln!("  {name:<18} {ok:>5} {err:>5}");
-        }
-    }
+    print_reply_stats("KITE_ZSET_STATS", seed, &p.stats);
 }
 
 fn differential(threads: usize, seeds: &[u64], resp3: bool, test: &str) {

@@ -1077,3 +1077,19 @@ impl IntoArg for i32 {
 macro_rules! args {
     ($($x:expr),* $(,)?) => { vec![$($crate::common::IntoArg::into_arg($x)),*] };
 }
+
+/// Prints how many ok and error replies each command got in one seed's run, when the
+/// environment variable `env` is set (the differential suites' `KITE_*_STATS`).
+pub fn print_reply_stats(
+    env: &str,
+    seed: u64,
+    stats: &std::collections::BTreeMap<String, (usize, usize)>,
+) {
+    if std::env::var_os(env).is_none() {
+        return;
+    }
+    eprintln!("seed {seed}: command -> (ok replies, error replies)");
+    for (name, (ok, err)) in stats {
+        eprintln!("  {name:<24} {ok:>6} {err:>6}");
+    }
+}
