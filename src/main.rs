@@ -7,6 +7,7 @@ mod config;
 mod memory;
 mod protocol;
 mod pubsub;
+mod scripting;
 mod server;
 mod shard;
 mod types;

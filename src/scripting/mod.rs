@@ -1,0 +1,3 @@
+//! Lua scripting: EVAL, EVALSHA, FUNCTION and FCALL (see docs/scripting.md).
+
+pub mod libs;

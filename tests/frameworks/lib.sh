@@ -1,0 +1,65 @@
+# Shared helpers for the job-framework suites (tests/frameworks/*/run.sh). Source it.
+#
+# Every suite runs its framework against a server it starts itself on a free loopback
+# port, once per configuration, and checks end results. Environment:
+#   KITE_BIN      the Kite binary (default: target/release/kite)
+#   FW_SERVER     "kite" (default) or "redis": run the suite against redis-server
+#                 instead, to check that the suite itself is right
+#   FW_THREADS    Kite thread counts to run (default: "1 4")
+
+FW_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+KITE_BIN="${KITE_BIN:-$FW_ROOT/target/release/kite}"
+FW_SERVER="${FW_SERVER:-kite}"
+FW_THREADS="${FW_THREADS:-1 4}"
+FW_PIDS=()
+
+fw_log() { printf '==> [%s] %s\n' "${FW_NAME:-framework}" "$*" >&2; }
+
+fw_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# fw_start_server THREADS [extra kite flags...]: starts a server, sets FW_PORT and
+# FW_URL, waits for PING.
+fw_start_server() {
+    local threads="$1"; shift
+    FW_PORT="$(fw_free_port)"
+    FW_LOG="$(mktemp -t fw-server.XXXXXX.log)"
+    if [ "$FW_SERVER" = "redis" ]; then
+        redis-server --port "$FW_PORT" --bind 127.0.0.1 --save "" --appendonly no >"$FW_LOG" 2>&1 &
+    else
+        "$KITE_BIN" --port "$FW_PORT" --bind 127.0.0.1 --threads "$threads" "$@" >"$FW_LOG" 2>&1 &
+    fi
+    FW_SERVER_PID=$!
+    FW_PIDS+=("$FW_SERVER_PID")
+    FW_URL="redis://127.0.0.1:$FW_PORT"
+    for _ in $(seq 1 100); do
+        if [ "$(redis-cli -p "$FW_PORT" ping 2>/dev/null)" = "PONG" ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    echo "server did not start:" >&2
+    cat "$FW_LOG" >&2
+    return 1
+}
+
+fw_stop_server() {
+    if [ -n "${FW_SERVER_PID:-}" ]; then
+        kill "$FW_SERVER_PID" >/dev/null 2>&1 || true
+        wait "$FW_SERVER_PID" 2>/dev/null || true
+        FW_SERVER_PID=""
+    fi
+}
+
+fw_cleanup() {
+    for p in "${FW_PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" >/dev/null 2>&1 || true
+    done
+}
+trap fw_cleanup EXIT
+
+# The thread counts to run: one pass against redis-server, else each of FW_THREADS.
+fw_configs() {
+    if [ "$FW_SERVER" = "redis" ]; then echo 1; else echo "$FW_THREADS"; fi
+}
