@@ -90,7 +90,23 @@ fw_npm_ci() {
     fi
     if [ ! -d "$dir/node_modules" ]; then
         fw_log "npm ci in $dir"
-        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+        local out
+        out="$(mktemp -t fw-npm.XXXXXX)"
+        if ! (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >"$out" 2>&1); then
+            grep -m 3 -E 'npm error (code|Missing|404)' "$out" >&2 || tail -n 5 "$out" >&2
+            # npm ci refuses a lock file that lacks optional packages for other platforms
+            # (msgpackr-extract-darwin-...), which a registry mirror without them yields.
+            # npm install takes the same pinned versions from the lock; the committed
+            # lock file is put back as it was.
+            fw_log "npm ci failed; npm install from the same lock file"
+            cp "$dir/package-lock.json" "$dir/.package-lock.json.orig"
+            local rc=0
+            (cd "$dir" && npm install --no-audit --no-fund --loglevel=error >&2) || rc=$?
+            mv -f "$dir/.package-lock.json.orig" "$dir/package-lock.json"
+            rm -f "$out"
+            return "$rc"
+        fi
+        rm -f "$out"
     fi
 }
 
