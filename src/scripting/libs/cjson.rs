@@ -279,12 +279,24 @@ fn cannot_serialise(what: &str, why: &str) -> LibError {
     LibError::At(format!("Cannot serialise {what}: {why}"))
 }
 
-/// A table being written (the table itself, and for an object the last
-/// key visited, are in the spine at the same level).
+/// A table being written. While few references are held, its table and
+/// (for an object) its remaining pairs are held here; past that budget
+/// they stay in Lua: the table in the spine, walked with `next`.
 enum OpenTable {
-    Array { len: i32, next: i32 },
-    Object { first: bool },
+    Array {
+        t: Option<Table>,
+        len: i32,
+        next: i32,
+    },
+    Object {
+        pairs: Option<std::vec::IntoIter<(Value, Value)>>,
+        first: bool,
+    },
 }
+
+/// How many Lua references the encoder may hold at once (mlua keeps each
+/// in a slot of an auxiliary stack with room for fewer than 8000).
+const HELD_BUDGET: usize = 2048;
 
 impl OpenTable {
     /// Lua stack slots the C encoder holds for this level (the array
@@ -293,6 +305,14 @@ impl OpenTable {
         match self {
             OpenTable::Array { .. } => 1,
             OpenTable::Object { .. } => 2,
+        }
+    }
+
+    /// References this level holds on the Rust side.
+    fn held(&self) -> usize {
+        match self {
+            OpenTable::Array { t, .. } => t.is_some() as usize,
+            OpenTable::Object { pairs, .. } => pairs.as_ref().map_or(0, |p| 2 * p.len()),
         }
     }
 }
@@ -306,6 +326,7 @@ impl Encoder<'_> {
         let spine = Spine::new(lua)?;
         let mut stack: Vec<OpenTable> = Vec::new();
         let mut slots: usize = 1;
+        let mut held: usize = 0;
         let mut current = root.clone();
         loop {
             match current {
@@ -319,16 +340,35 @@ impl Encoder<'_> {
                     let open = match self.array_length(&t)? {
                         Some(len) if len > 0 => {
                             self.out.push(b'[');
-                            OpenTable::Array { len, next: 1 }
+                            let t = if held < HELD_BUDGET {
+                                Some(t)
+                            } else {
+                                spine.set_table(stack.len() + 1, t)?;
+                                None
+                            };
+                            OpenTable::Array { t, len, next: 1 }
                         }
                         _ => {
                             self.out.push(b'{');
-                            OpenTable::Object { first: true }
+                            // Hold the pairs only if they fit the budget.
+                            let room = HELD_BUDGET.saturating_sub(held) / 2;
+                            let some = t
+                                .pairs::<Value, Value>()
+                                .take(room + 1)
+                                .collect::<mlua::Result<Vec<_>>>()?;
+                            let pairs = if some.len() <= room {
+                                Some(some.into_iter())
+                            } else {
+                                drop(some);
+                                spine.set_table(stack.len() + 1, t)?;
+                                None
+                            };
+                            OpenTable::Object { pairs, first: true }
                         }
                     };
                     slots += open.slots();
+                    held += open.held();
                     stack.push(open);
-                    spine.set_table(stack.len(), t)?;
                 }
                 other => self.scalar(&other)?,
             }
@@ -339,28 +379,46 @@ impl Encoder<'_> {
                     return Ok(());
                 };
                 match top {
-                    OpenTable::Array { len, next } => {
+                    OpenTable::Array { t, len, next } => {
                         if *next <= *len {
                             if *next > 1 {
                                 self.out.push(b',');
                             }
-                            current = spine.table(level)?.raw_get(*next)?;
+                            current = match t {
+                                Some(t) => t.raw_get(*next)?,
+                                None => spine.table(level)?.raw_get(*next)?,
+                            };
                             *next += 1;
                             break;
                         }
                         self.out.push(b']');
                     }
-                    OpenTable::Object { first } => {
-                        let t = spine.table(level)?;
-                        let after = spine.key(level)?;
-                        let (k, v): (Value, Value) = self.next.call((t, after))?;
-                        if !k.is_nil() {
+                    OpenTable::Object { pairs, first } => {
+                        let pair = match pairs {
+                            Some(p) => {
+                                held -= 2 * p.len();
+                                let pair = p.next();
+                                held += 2 * p.len();
+                                pair
+                            }
+                            None => {
+                                let t = spine.table(level)?;
+                                let after = spine.key(level)?;
+                                let (k, v): (Value, Value) = self.next.call((t, after))?;
+                                if k.is_nil() {
+                                    None
+                                } else {
+                                    spine.set_key(level, k.clone())?;
+                                    Some((k, v))
+                                }
+                            }
+                        };
+                        if let Some((k, v)) = pair {
                             if !*first {
                                 self.out.push(b',');
                             }
                             *first = false;
                             self.key(&k)?;
-                            spine.set_key(level, k)?;
                             current = v;
                             break;
                         }
@@ -369,6 +427,7 @@ impl Encoder<'_> {
                 }
                 let done = stack.pop().expect("non-empty");
                 slots -= done.slots();
+                held -= done.held();
             }
         }
     }
@@ -773,10 +832,13 @@ impl Parser<'_> {
     /// Parses the value starting with `tok`. Nesting is handled with an
     /// explicit stack, and `slots` mirrors the Lua stack of the C parser
     /// (the input, plus a table per open array, a table and a key per open
-    /// object), which is what bounds depth there.
+    /// object), which is what bounds depth there. The innermost container
+    /// (table and current key) is held in `top`; outer ones wait in the
+    /// spine.
     fn value(&mut self, mut tok: Token) -> LibResult<Value> {
         let spine = Spine::new(self.lua)?;
         let mut stack: Vec<OpenValue> = Vec::new();
+        let mut top: Option<(Table, Value)> = None;
         let mut slots: usize = 1;
         loop {
             let mut v = match tok.kind {
@@ -784,35 +846,33 @@ impl Parser<'_> {
                 Kind::Num(x) => Value::Number(x),
                 Kind::Bool(b) => Value::Boolean(b),
                 Kind::Null => null(),
-                Kind::ObjBegin => {
-                    self.descend(slots, 3)?;
+                Kind::ObjBegin | Kind::ArrBegin => {
+                    let object = matches!(tok.kind, Kind::ObjBegin);
+                    self.descend(slots, if object { 3 } else { 2 })?;
                     let t = self.lua.create_table()?;
                     let first = self.next_token();
-                    if matches!(first.kind, Kind::ObjEnd) {
+                    let empty = if object { Kind::ObjEnd } else { Kind::ArrEnd };
+                    if std::mem::discriminant(&first.kind) == std::mem::discriminant(&empty) {
                         self.depth -= 1;
                         Value::Table(t)
                     } else {
-                        let key = self.key_and_colon(first)?;
-                        slots += 2;
-                        stack.push(OpenValue::Object);
-                        spine.set_table(stack.len(), t)?;
-                        spine.set_key(stack.len(), Value::String(key))?;
-                        tok = self.next_token();
-                        continue;
-                    }
-                }
-                Kind::ArrBegin => {
-                    self.descend(slots, 2)?;
-                    let t = self.lua.create_table()?;
-                    let first = self.next_token();
-                    if matches!(first.kind, Kind::ArrEnd) {
-                        self.depth -= 1;
-                        Value::Table(t)
-                    } else {
-                        slots += 1;
-                        stack.push(OpenValue::Array { next: 1 });
-                        spine.set_table(stack.len(), t)?;
-                        tok = first;
+                        // Park the enclosing container's key in the spine.
+                        if let Some((_, key)) = top.take() {
+                            spine.set_key(stack.len(), key)?;
+                        }
+                        spine.set_table(stack.len() + 1, t.clone())?;
+                        if object {
+                            let key = self.key_and_colon(first)?;
+                            slots += 2;
+                            stack.push(OpenValue::Object);
+                            top = Some((t, Value::String(key)));
+                            tok = self.next_token();
+                        } else {
+                            slots += 1;
+                            stack.push(OpenValue::Array { next: 1 });
+                            top = Some((t, Value::Nil));
+                            tok = first;
+                        }
                         continue;
                     }
                 }
@@ -821,12 +881,13 @@ impl Parser<'_> {
             // Store `v` in its container; close containers that end here.
             loop {
                 let level = stack.len();
-                let Some(top) = stack.last_mut() else {
+                let Some(open) = stack.last_mut() else {
                     return Ok(v);
                 };
-                let closed = match top {
+                let (t, key) = top.as_mut().expect("top is the innermost open container");
+                let closed = match open {
                     OpenValue::Array { next } => {
-                        spine.table(level)?.raw_set(*next, v)?;
+                        t.raw_set(*next, v)?;
                         *next += 1;
                         let sep = self.next_token();
                         match sep.kind {
@@ -836,14 +897,13 @@ impl Parser<'_> {
                         }
                     }
                     OpenValue::Object => {
-                        spine.table(level)?.raw_set(spine.key(level)?, v)?;
+                        t.raw_set(std::mem::replace(key, Value::Nil), v)?;
                         let sep = self.next_token();
                         match sep.kind {
                             Kind::ObjEnd => true,
                             Kind::Comma => {
                                 let next = self.next_token();
-                                let key = self.key_and_colon(next)?;
-                                spine.set_key(level, Value::String(key))?;
+                                *key = Value::String(self.key_and_colon(next)?);
                                 false
                             }
                             _ => return Err(parse_error("comma or object end", &sep)),
@@ -859,7 +919,11 @@ impl Parser<'_> {
                     OpenValue::Array { .. } => 1,
                     OpenValue::Object => 2,
                 };
-                v = Value::Table(spine.table(level)?);
+                let (t, _) = top.take().expect("closed container");
+                v = Value::Table(t);
+                if level > 1 {
+                    top = Some((spine.table(level - 1)?, spine.key(level - 1)?));
+                }
             }
         }
     }

@@ -389,85 +389,120 @@ impl<'a> Decoder<'a> {
 
     /// Decodes one complete value, leaving it counted in `slots`. Nesting
     /// uses an explicit stack, so deep input cannot exhaust the Rust stack.
+    /// The innermost container (table and pending map key) is held in
+    /// `top`; outer ones wait in the spine.
     fn value(&mut self) -> LibResult<Value> {
         let mut stack: Vec<Open> = Vec::new();
+        let mut top: Option<(Table, Value)> = None;
         loop {
-            let mut v = match self.item()? {
-                Item::Value(v) => v,
+            let (t, open) = match self.item()? {
+                Item::Value(v) => {
+                    self.slots += 1;
+                    match self.store(v, &mut stack, &mut top)? {
+                        Some(done) => return Ok(done),
+                        None => continue,
+                    }
+                }
                 Item::Array(len) => {
                     let t = self.lua.create_table()?;
                     self.slots += 1;
                     if self.slots + 1 > LUA_MAX_C_STACK {
                         return Err(stack_overflow("in function mp_decode_to_lua_array"));
                     }
-                    if len > 0 {
-                        self.slots += 1; // the index of the first element
-                        stack.push(Open::Array { len, next: 1 });
-                        self.spine.set_table(stack.len(), t)?;
-                        continue;
+                    if len == 0 {
+                        match self.store(Value::Table(t), &mut stack, &mut top)? {
+                            Some(done) => return Ok(done),
+                            None => continue,
+                        }
                     }
-                    self.slots -= 1;
-                    Value::Table(t)
+                    self.slots += 1; // the index of the first element
+                    (t, Open::Array { len, next: 1 })
                 }
                 Item::Map(len) => {
                     let t = self.lua.create_table()?;
-                    if len > 0 {
+                    if len == 0 {
                         self.slots += 1;
-                        stack.push(Open::Map {
+                        match self.store(Value::Table(t), &mut stack, &mut top)? {
+                            Some(done) => return Ok(done),
+                            None => continue,
+                        }
+                    }
+                    self.slots += 1;
+                    (
+                        t,
+                        Open::Map {
                             left: len,
                             has_key: false,
-                        });
-                        self.spine.set_table(stack.len(), t)?;
-                        continue;
-                    }
-                    Value::Table(t)
+                        },
+                    )
                 }
             };
-            self.slots += 1;
-            // Store `v` in its container; close containers that are full.
-            loop {
-                let level = stack.len();
-                let Some(top) = stack.last_mut() else {
-                    return Ok(v);
-                };
-                match top {
-                    Open::Array { len, next } => {
-                        self.spine.table(level)?.raw_set(*next, v)?;
-                        self.slots -= 2; // value and index
-                        if *next < *len {
-                            *next += 1;
-                            self.slots += 1;
-                            break;
-                        }
-                    }
-                    Open::Map { left, has_key } => {
-                        if !*has_key {
-                            // The key waits (on the stack, in C) for its value.
-                            self.spine.set_key(level, v)?;
-                            *has_key = true;
-                            break;
-                        }
-                        let k = self.spine.key(level)?;
-                        match &k {
-                            Value::Nil => return Err(LibError::Bare("table index is nil".into())),
-                            Value::Number(x) if x.is_nan() => {
-                                return Err(LibError::Bare("table index is NaN".into()))
-                            }
-                            _ => {}
-                        }
-                        self.spine.table(level)?.raw_set(k, v)?;
-                        *has_key = false;
-                        self.slots -= 2;
-                        *left -= 1;
-                        if *left > 0 {
-                            break;
-                        }
+            // A non-empty container opens: park the enclosing one's key.
+            if let Some((_, key)) = top.take() {
+                self.spine.set_key(stack.len(), key)?;
+            }
+            stack.push(open);
+            self.spine.set_table(stack.len(), t.clone())?;
+            top = Some((t, Value::Nil));
+        }
+    }
+
+    /// Stores the complete value `v` (already counted in `slots`) in the
+    /// innermost container, closing containers that become full. Returns
+    /// the top-level value once nothing is left open.
+    fn store(
+        &mut self,
+        mut v: Value,
+        stack: &mut Vec<Open>,
+        top: &mut Option<(Table, Value)>,
+    ) -> LibResult<Option<Value>> {
+        loop {
+            let level = stack.len();
+            let Some(open) = stack.last_mut() else {
+                return Ok(Some(v));
+            };
+            let (t, key) = top.as_mut().expect("top is the innermost open container");
+            match open {
+                Open::Array { len, next } => {
+                    t.raw_set(*next, v)?;
+                    self.slots -= 2; // value and index
+                    if *next < *len {
+                        *next += 1;
+                        self.slots += 1;
+                        return Ok(None);
                     }
                 }
-                // The container is complete: it becomes the value (its table
-                // slot now counts as the value's slot).
-                v = Value::Table(self.spine.table(level)?);
-                stack.pop();
+                Open::Map { left, has_key } => {
+                    if !*has_key {
+                        // The key waits (on the stack, in C) for its value.
+                        *key = v;
+                        *has_key = true;
+                        return Ok(None);
+                    }
+                    let k = std::mem::replace(key, Value::Nil);
+                    match &k {
+                        Value::Nil => return Err(LibError::Bare("table index is nil".into())),
+                        Value::Number(x) if x.is_nan() => {
+                            return Err(LibError::Bare("table index is NaN".into()))
+                        }
+                        _ => {}
+                    }
+                    t.raw_set(k, v)?;
+                    *has_key = false;
+                    self.slots -= 2;
+                    *left -= 1;
+                    if *left > 0 {
+                        return Ok(None);
+                    }
+                }
+            }
+            // The container is complete: it becomes the value (its table
+            // slot now counts as the value's slot).
+            stack.pop();
+            let (t, _) = top.take().expect("closed container");
+            v = Value::Table(t);
+            if level > 1 {
+                *top = Some((self.spine.table(level - 1)?, self.spine.key(level - 1)?));
             }
         }
     }
