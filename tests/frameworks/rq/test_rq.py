@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import redis
 from rq import Queue, Retry
+from rq.exceptions import DuplicateJobError
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 from rq.results import Result
@@ -206,6 +207,19 @@ def test_dependencies(conn):
     assert exec_count(conn, orphan) == 0
     for job in (a, b, c, bad):
         assert exec_count(conn, job) == 1
+
+
+def test_unique_enqueue(conn):
+    """unique=True (a Lua script in RQ): a second job with the same id is refused."""
+    q = Queue("unique", connection=conn)
+    job = q.enqueue(jobs.add, 20, 22, job_id="fw-unique", unique=True)
+    expect(job)
+    with pytest.raises(DuplicateJobError):
+        q.enqueue(jobs.add, 1, 1, job_id="fw-unique", unique=True)
+    assert q.count == 1
+    burst("unique")
+    assert job.return_value(refresh=True) == 42
+    assert exec_count(conn, job) == 1
 
 
 def test_enqueue_in(conn, scheduler_worker):
