@@ -164,6 +164,27 @@ def test_failure_goes_to_failed_registry(conn):
         assert exec_count(conn, job) == 1
 
 
+def test_requeue_failed_with_cli(conn):
+    """A failed job requeued from the FailedJobRegistry (`rq requeue`) runs again."""
+    q = Queue("requeue", connection=conn)
+    job = q.enqueue(jobs.flaky, 1)
+    expect(job, 2)
+    burst("requeue")
+    assert status(job) == JobStatus.FAILED
+    assert FailedJobRegistry(queue=q).get_job_ids() == [job.id]
+    out = subprocess.run(
+        [RQ, "requeue", "--url", URL, "--queue", "requeue", "--all"],
+        cwd=HERE, env=worker_env(), capture_output=True, text=True, timeout=DEADLINE,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert FailedJobRegistry(queue=q).get_job_ids() == []
+    assert q.job_ids == [job.id]
+    burst("requeue")
+    assert status(job) == JobStatus.FINISHED
+    assert job.return_value(refresh=True) == 2
+    assert exec_count(conn, job) == 2
+
+
 def test_retry_then_success(conn):
     q = Queue("retry", connection=conn)
     job = q.enqueue(jobs.flaky, 2, retry=Retry(max=3))
