@@ -89,8 +89,9 @@ class Worker:
         self.proc.wait(timeout=DEADLINE)
 
     def stop(self):
+        """Warm shutdown: SIGTERM to the main process only, which waits for its pool."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -174,6 +175,13 @@ def test_chord(worker):
         expect(child.id)
     assert r.get(timeout=DEADLINE) == sum(2 * i for i in range(20))
     expect(r.id)
+    # After publishing the callback, the worker cleans the chord's state up (a script that
+    # deletes its keys and leaves a "done" marker). A failed cleanup makes Celery mark the
+    # callback as failed, so check both the cleanup and the callback's final state.
+    prefix = f"celery-taskset-meta-{r.parent.id}"
+    wait_until(lambda: db0().get(f"{prefix}.c") == b"done", "the chord's cleanup (done marker)")
+    assert [db0().exists(f"{prefix}.{k}") for k in "jtsd"] == [0, 0, 0, 0]
+    assert fwapp.app.AsyncResult(r.id).state == "SUCCESS"
 
 
 def celery_cli(*args):
