@@ -243,6 +243,15 @@ def test_unique_enqueue(conn):
     assert exec_count(conn, job) == 1
 
 
+def test_empty_queue(conn):
+    """Queue.empty() (a Lua script in RQ that pops every job and deletes its keys)."""
+    q = Queue("to-empty", connection=conn)
+    queued = [q.enqueue(jobs.add, i, i) for i in range(5)]
+    assert q.empty() == 5
+    assert q.count == 0
+    assert [Job.exists(job.id, connection=conn) for job in queued] == [False] * 5
+
+
 def test_enqueue_in(conn, scheduler_worker):
     q = Queue("sched", connection=conn)
     sent = time.time()
