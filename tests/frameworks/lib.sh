@@ -130,3 +130,39 @@ fw_run_configs() {
     done
     return "$status"
 }
+
+# fw_python_venv NAME REQUIREMENTS_FILE: makes (or reuses) target/fw-venv-NAME with
+# `python3 -m venv` and installs the pinned requirements into it; reinstalls only when the
+# requirements file changed. Sets FW_VENV to the venv's folder.
+fw_python_venv() {
+    local name="$1" req="$2"
+    FW_VENV="$FW_ROOT/target/fw-venv-$name"
+    local stamp="$FW_VENV/.fw-requirements"
+    if [ -x "$FW_VENV/bin/python" ] && [ -f "$stamp" ] && cmp -s "$req" "$stamp"; then
+        return 0
+    fi
+    fw_log "installing $(basename "$req") into $FW_VENV"
+    python3 -m venv "$FW_VENV"
+    "$FW_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$req"
+    cp "$req" "$stamp"
+}
+
+# fw_each_config CMD [ARGS...]: for each configuration (fw_configs), starts a server, runs
+# CMD with FW_URL, FW_PORT and FW_CONFIG exported, stops the server. Prints one
+# "PASS/FAIL <suite> <config>" line per configuration; returns non-zero if any failed.
+fw_each_config() {
+    local failed=0 threads config
+    for threads in $(fw_configs); do
+        if [ "$FW_SERVER" = "redis" ]; then config="redis-server"; else config="kite --threads $threads"; fi
+        fw_log "running against $config"
+        fw_start_server "$threads" || { failed=1; echo "FAIL ${FW_NAME:-framework} [$config] (server did not start)"; continue; }
+        if FW_URL="$FW_URL" FW_PORT="$FW_PORT" FW_CONFIG="$config" "$@"; then
+            echo "PASS ${FW_NAME:-framework} [$config]"
+        else
+            echo "FAIL ${FW_NAME:-framework} [$config]"
+            failed=1
+        fi
+        fw_stop_server
+    done
+    return "$failed"
+}
