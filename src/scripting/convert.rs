@@ -134,7 +134,9 @@ fn parse_i64(s: &[u8]) -> i64 {
 /// A Lua number as Redis casts it to an integer reply: truncation toward zero, with
 /// what the C cast gives (the lowest integer) for values out of range and NaN.
 pub fn lua_number_to_i64(n: f64) -> i64 {
-    if n.is_nan() || n >= 9.223_372_036_854_775_807e18 || n < -9.223_372_036_854_775_808e18 {
+    // 2^63 as a double; the range is [-2^63, 2^63).
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    if n.is_nan() || !(-LIMIT..LIMIT).contains(&n) {
         i64::MIN
     } else {
         n as i64
@@ -163,7 +165,7 @@ pub fn lua_to_reply(v: &Value, out: &mut Reply, resp3_script: bool, depth: usize
                 out.null();
             }
         }
-        Value::Integer(i) => out.int(*i as i64),
+        Value::Integer(i) => out.int(*i),
         Value::Number(n) => out.int(lua_number_to_i64(*n)),
         Value::String(s) => out.bulk(&s.as_bytes()),
         Value::Table(t) => table_to_reply(t, out, resp3_script, depth),

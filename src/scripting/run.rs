@@ -123,20 +123,29 @@ pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
     });
     debug_assert!(prev.is_none(), "scripts do not nest");
     mark_busy(worker, true);
-    let result = super::vm::with_vm(|vm| -> Result<Result<Value, Value>, String> {
-        match &job.body {
-            Body::Script(s) => {
-                let f = vm.compile(&s.sha, &s.code)?;
-                vm.set_keys_argv(&job.keys, &job.argv)
-                    .map_err(|e| e.to_string())?;
-                vm.run_script(&f).map_err(|e| e.to_string())
+    // A panic inside the interpreter (mlua runs out of reference slots on absurd
+    // inputs) must not take the thread down: the script fails, the interpreter is
+    // rebuilt.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        super::vm::with_vm(|vm| -> Result<Result<Value, Value>, String> {
+            match &job.body {
+                Body::Script(s) => {
+                    let f = vm.compile(&s.sha, &s.code)?;
+                    vm.set_keys_argv(&job.keys, &job.argv)
+                        .map_err(|e| e.to_string())?;
+                    vm.run_script(&f).map_err(|e| e.to_string())
+                }
+                Body::Function(name) => {
+                    let f = super::functions::load_into(vm, name)?;
+                    vm.run_function(&f, &job.keys, &job.argv)
+                        .map_err(|e| e.to_string())
+                }
             }
-            Body::Function(name) => {
-                let f = super::functions::load_into(vm, name)?;
-                vm.run_function(&f, &job.keys, &job.argv)
-                    .map_err(|e| e.to_string())
-            }
-        }
+        })
+    }))
+    .unwrap_or_else(|_| {
+        super::vm::reset();
+        Err("ERR Kite: the script engine failed on this script".to_string())
     });
     mark_busy(worker, false);
     let run = RUN.with(|r| r.borrow_mut().take()).expect("set above");
@@ -182,7 +191,7 @@ pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
     for s in &run.touched_remote {
         worker
             .shared
-            .send(*s, Box::new(|w| crate::shard::after_command(w)));
+            .send(*s, Box::new(crate::shard::after_command));
     }
     let mut events = run.remote_events;
     if job.remote || !events.is_empty() {
@@ -591,7 +600,7 @@ fn push_sync(shared: &Arc<Shared>, target: usize, msg: Msg) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push_back(msg);
-    shared.send(target, Box::new(|w| serve_sync(w)));
+    shared.send(target, Box::new(serve_sync));
 }
 
 /// Runs the synchronous calls waiting for this thread.
@@ -659,7 +668,7 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
             let mut it = args.into_iter();
             let level = match it.next() {
                 Some(Value::Number(n)) => n as i64,
-                Some(Value::Integer(n)) => n as i64,
+                Some(Value::Integer(n)) => n,
                 _ => {
                     return Err(mlua::Error::RuntimeError(
                         "First argument must be a number (log level).".into(),
@@ -688,7 +697,7 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
         lua.create_function(|_, v: Value| {
             let n = match v {
                 Value::Number(n) => n as i64,
-                Value::Integer(n) => n as i64,
+                Value::Integer(n) => n,
                 _ => 0,
             };
             if n != 2 && n != 3 {

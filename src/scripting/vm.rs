@@ -120,7 +120,7 @@ local function handler(err)
   local level, info = 2, nil
   while true do
     info = getinfo(level, "nSl")
-    if info == nil or (info.what ~= "C" and info.source ~= INTERNAL) then break end
+    if info == nil or (info.what ~= "C" and info.source:sub(1, 5) ~= INTERNAL) then break end
     level = level + 1
   end
   if type(err) == "userdata" then

@@ -21,9 +21,6 @@ mod cmsgpack;
 mod structlib;
 
 /// Installs the bundled libraries as globals of `lua`.
-// Nothing calls this until the EVAL engine lands; every other item here is
-// reached from it.
-#[allow(dead_code)]
 pub fn register(lua: &Lua) -> mlua::Result<()> {
     let wrap = Wrapper::new(lua)?;
     let globals = lua.globals();
@@ -224,58 +221,54 @@ fn fail_mark() -> Value {
 
 /// Builds script-visible functions from Rust closures (see the module docs).
 #[derive(Clone)]
-pub(crate) struct Wrapper {
-    single: Function,
-    multi: Function,
-}
+pub(crate) struct Wrapper;
 
-const WRAPPER_SOURCE: &str = r#"
-local fail, error, spread = ...
-local function single(raw)
-  return function(...)
-    local v, msg, level = raw(...)
-    if v == fail then error(msg, level) end
-    return v
-  end
-end
-local function multi(raw)
-  return function(...)
-    local r, msg, level = raw(...)
-    if r == fail then error(msg, level) end
-    return spread(r)
-  end
-end
-return single, multi
-"#;
-
-/// Returns fields 1..n of the table argument (n from its field `n`) as
-/// separate values. Written against the C API because a C function may
-/// return up to the full LUAI_MAXCSTACK values, which is what the C
-/// libraries allow (an mlua callback has a few stack slots of overhead).
-unsafe extern "C-unwind" fn spread(state: *mut mlua::ffi::lua_State) -> c_int {
+/// The C function every library function is: it calls its Rust part (upvalue 1) and
+/// raises the error that part reports, with the caller's position as `luaL_error` adds
+/// it. Being a C function, a script's `return cjson.decode(x)` keeps the script's own
+/// frame, so the position is the script's line. Upvalue 2 says whether the Rust part
+/// returns a table of results to spread.
+unsafe extern "C-unwind" fn lib_call(state: *mut mlua::ffi::lua_State) -> c_int {
     use mlua::ffi;
-    ffi::lua_getfield(state, 1, c"n".as_ptr());
-    let n = ffi::lua_tonumber(state, -1) as c_int;
-    ffi::lua_settop(state, 1);
-    if ffi::lua_checkstack(state, n) == 0 {
-        return ffi::luaL_error(state, c"too many results".as_ptr());
+    let n = ffi::lua_gettop(state);
+    ffi::luaL_checkstack(state, 4, c"library call".as_ptr());
+    ffi::lua_pushvalue(state, ffi::lua_upvalueindex(1));
+    ffi::lua_insert(state, 1);
+    ffi::lua_call(state, n, 3);
+    // The stack is now: value, message, level.
+    let failed = ffi::lua_type(state, -3) == ffi::LUA_TLIGHTUSERDATA
+        && std::ptr::eq(ffi::lua_touserdata(state, -3) as *const u8, &FAIL_MARK);
+    if failed {
+        let level = ffi::lua_tointeger(state, -1);
+        ffi::lua_pop(state, 1);
+        if level > 0 {
+            ffi::luaL_where(state, 1);
+            ffi::lua_insert(state, -2);
+            ffi::lua_concat(state, 2);
+        }
+        ffi::lua_error(state);
     }
-    for i in 1..=n {
-        ffi::lua_rawgeti(state, 1, i as _);
+    ffi::lua_pop(state, 2);
+    if ffi::lua_toboolean(state, ffi::lua_upvalueindex(2)) == 0 {
+        return 1;
     }
-    n
+    // Spread fields 1..n of the results table, as many as a C function may return.
+    ffi::lua_getfield(state, -1, c"n".as_ptr());
+    let count = ffi::lua_tonumber(state, -1) as c_int;
+    ffi::lua_pop(state, 1);
+    if ffi::lua_checkstack(state, count) == 0 {
+        ffi::luaL_error(state, c"too many results".as_ptr());
+    }
+    let table = ffi::lua_gettop(state);
+    for i in 1..=count {
+        ffi::lua_rawgeti(state, table, i as _);
+    }
+    count
 }
 
 impl Wrapper {
-    fn new(lua: &Lua) -> mlua::Result<Self> {
-        // SAFETY: `spread` only reads its table argument and pushes values
-        // after checking for stack room.
-        let spread = unsafe { lua.create_c_function(spread)? };
-        let (single, multi): (Function, Function) = lua
-            .load(WRAPPER_SOURCE)
-            .set_name("=kite_libs")
-            .call((fail_mark(), lua.globals().get::<Function>("error")?, spread))?;
-        Ok(Wrapper { single, multi })
+    fn new(_lua: &Lua) -> mlua::Result<Self> {
+        Ok(Wrapper)
     }
 
     fn raw<F>(lua: &Lua, f: F) -> mlua::Result<Function>
@@ -283,11 +276,11 @@ impl Wrapper {
         F: Fn(&Lua, MultiValue) -> LibResult<Value> + 'static,
     {
         lua.create_function(move |lua, args: MultiValue| match f(lua, args) {
-            Ok(v) => Ok(MultiValue::from_vec(vec![v])),
+            Ok(v) => Ok(MultiValue::from_vec(vec![v, Value::Nil, Value::Nil])),
             Err(LibError::At(msg)) => Ok(MultiValue::from_vec(vec![
                 fail_mark(),
                 Value::String(lua.create_string(msg)?),
-                Value::Integer(2),
+                Value::Integer(1),
             ])),
             Err(LibError::Bare(msg)) => Ok(MultiValue::from_vec(vec![
                 fail_mark(),
@@ -298,12 +291,22 @@ impl Wrapper {
         })
     }
 
+    fn wrap(lua: &Lua, raw: Function, multi: bool) -> mlua::Result<Function> {
+        // SAFETY: pushcclosure takes the two pushed arguments as the upvalues of
+        // `lib_call`, which follows the C API's stack rules.
+        unsafe {
+            lua.exec_raw::<Function>((raw, multi), |state| {
+                mlua::ffi::lua_pushcclosure(state, lib_call, 2);
+            })
+        }
+    }
+
     /// A function returning exactly one value.
     pub fn one<F>(&self, lua: &Lua, f: F) -> mlua::Result<Function>
     where
         F: Fn(&Lua, MultiValue) -> LibResult<Value> + 'static,
     {
-        self.single.call(Self::raw(lua, f)?)
+        Self::wrap(lua, Self::raw(lua, f)?, false)
     }
 
     /// A function returning any number of values.
@@ -316,7 +319,7 @@ impl Wrapper {
             r.t.raw_set("n", r.n)?;
             Ok(Value::Table(r.t))
         })?;
-        self.multi.call(raw)
+        Self::wrap(lua, raw, true)
     }
 }
 
