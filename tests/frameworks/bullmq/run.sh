@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# BullMQ suite: installs the pinned npm dependencies when missing, then runs suite.mjs
+# against a fresh server per configuration: Kite at each of FW_THREADS (default "1 4"),
+# each with BullMQ's default prefix "bull" and the hashtag prefix "{bq}"; with
+# FW_SERVER=redis, redis-server once per prefix. Extra arguments name scenarios to run.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+FW_NAME=bullmq
+. "$HERE/../lib.sh"
+
+command -v node >/dev/null 2>&1 || { echo "node not found: apt-get install -y nodejs npm" >&2; exit 1; }
+if [ ! -d "$HERE/node_modules/bullmq" ] || [ ! -d "$HERE/node_modules/ioredis" ]; then
+    fw_log "npm ci"
+    (cd "$HERE" && npm ci --no-audit --no-fund --loglevel=error >&2)
+fi
+if [ "$FW_SERVER" != "redis" ] && [ ! -x "$KITE_BIN" ]; then
+    echo "Kite binary not found at $KITE_BIN: cargo build --release" >&2
+    exit 1
+fi
+
+PREFIXES="${FW_PREFIXES:-bull {bq\}}"
+failed=()
+for threads in $(fw_configs); do
+    for prefix in $PREFIXES; do
+        label="$FW_SERVER"
+        [ "$FW_SERVER" = "redis" ] || label="kite --threads $threads"
+        label="$label, prefix $prefix"
+        fw_start_server "$threads"
+        fw_log "$label (port $FW_PORT)"
+        if ! node "$HERE/suite.mjs" "$FW_URL" "$prefix" "$@"; then
+            failed+=("$label")
+            fw_log "FAILED: $label (server log: $FW_LOG)"
+        fi
+        fw_stop_server
+    done
+done
+if [ "${#failed[@]}" -ne 0 ]; then
+    fw_log "failed configurations: ${failed[*]}"
+    exit 1
+fi
+fw_log "all configurations passed"
