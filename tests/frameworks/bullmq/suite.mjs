@@ -6,6 +6,8 @@
 // (each job processed exactly once, counts, values, order), never on speed.
 
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import { Queue, Worker, FlowProducer, QueueEvents, Job } from 'bullmq';
@@ -143,6 +145,38 @@ async function scanKeys(pattern) {
     } finally {
         r.disconnect();
     }
+}
+
+// Names the BullMQ script (its file in bullmq's commands dir, e.g. addStandardJob-9) that
+// an error message refers to, by the SHA1 of an EVALSHA or the opening text of an EVAL.
+const scriptIndex = (() => {
+    const bySha = new Map();
+    const byText = [];
+    try {
+        const scripts = createRequire(import.meta.url)('bullmq/dist/cjs/scripts');
+        for (const { name, content, keys } of Object.values(scripts)) {
+            const file = `${name}-${keys}`;
+            bySha.set(createHash('sha1').update(content).digest('hex'), file);
+            byText.push([content.replace(/\s+/g, ' ').slice(0, 100), file]);
+        }
+    } catch {
+        // layout changed: messages just go unannotated
+    }
+    return { bySha, byText };
+})();
+
+function nameScripts(msg) {
+    const names = new Set();
+    for (const m of msg.matchAll(/\b[0-9a-f]{40}\b/g)) if (scriptIndex.bySha.has(m[0])) names.add(scriptIndex.bySha.get(m[0]));
+    const flat = msg.replace(/\s+/g, ' ');
+    for (const [text, file] of scriptIndex.byText) {
+        const i = flat.indexOf('--[[');
+        if (i >= 0) {
+            const piece = flat.slice(i, i + 60);
+            if (text.startsWith(piece.replace(/'.*$/, '').trimEnd())) names.add(file);
+        }
+    }
+    return names.size ? `[script ${[...names].join(', ')}] ${msg}` : msg;
 }
 
 // Glob-escapes a key prefix for SCAN MATCH.
@@ -830,10 +864,10 @@ async function main() {
         const secs = ((Date.now() - t0) / 1000).toFixed(1);
         if (error) {
             failures++;
-            const msg = error instanceof Check ? error.message : `${error.name}: ${error.message}`;
+            const msg = error instanceof Check ? error.message : nameScripts(`${error.name}: ${error.message}`);
             console.log(`FAIL ${sc.name} (${secs}s): ${msg}`);
             const errs = [...new Set(scope.errors)].slice(0, 5);
-            for (const e of errs) console.log(`     error event: ${e}`);
+            for (const e of errs) console.log(`     error event: ${nameScripts(e)}`);
         } else {
             console.log(`PASS ${sc.name} (${secs}s)`);
         }
