@@ -2,7 +2,8 @@
 # BullMQ suite: installs the pinned npm dependencies when missing, then runs suite.mjs
 # against a fresh server per configuration: Kite at each of FW_THREADS (default "1 4"),
 # each with BullMQ's default prefix "bull" and the hashtag prefix "{bq}"; with
-# FW_SERVER=redis, redis-server once per prefix. Extra arguments name scenarios to run.
+# FW_SERVER=redis, redis-server once per prefix. Extra arguments name scenarios to run;
+# FW_PREFIXES overrides the prefixes, FW_SUITE_TIMEOUT (s, default 600) bounds each run.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 FW_NAME=bullmq
@@ -27,7 +28,7 @@ for threads in $(fw_configs); do
         label="$label, prefix $prefix"
         fw_start_server "$threads"
         fw_log "$label (port $FW_PORT)"
-        if ! node "$HERE/suite.mjs" "$FW_URL" "$prefix" "$@"; then
+        if ! timeout "${FW_SUITE_TIMEOUT:-600}" node "$HERE/suite.mjs" "$FW_URL" "$prefix" "$@"; then
             failed+=("$label")
             fw_log "FAILED: $label (server log: $FW_LOG)"
         fi

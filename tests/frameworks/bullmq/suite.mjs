@@ -91,15 +91,12 @@ class Scope {
         return this.track(new QueueEvents(name, { connection, prefix }));
     }
     async close() {
-        // Workers first (they hold the blocking connections), then everything else.
-        const order = [...this.items].sort((a, b) => (b instanceof Worker) - (a instanceof Worker));
-        for (const x of order) {
-            try {
-                await Promise.race([x.close(), sleep(10_000)]);
-            } catch {
-                // closing a broken connection may throw; nothing to check here
-            }
-        }
+        // Workers first (they hold the blocking connections), then everything else; each
+        // group in parallel and bounded, so a hung server cannot stall the suite here.
+        const closeAll = (xs) =>
+            Promise.race([Promise.allSettled(xs.map((x) => Promise.resolve().then(() => x.close()))), sleep(10_000)]);
+        await closeAll(this.items.filter((x) => x instanceof Worker));
+        await closeAll(this.items.filter((x) => !(x instanceof Worker)));
     }
 }
 
