@@ -69,6 +69,8 @@ pub static PARAMS: &[Param] = &[
     p("maxclients", Kind::Int(1, I64MAX), "10000", true, true),
     p("timeout", Kind::Int(0, I64MAX), "0", true, true),
     p("shard-round-robin-prefix", Kind::Text, "", false, true),
+    p("queue-key-prefixes", Kind::Text, "bull,bq", false, true),
+    p("lock-on-hashtags", YESNO, "yes", false, true),
     p("migrate-connections", YESNO, "yes", true, true),
     p(
         "loglevel",
@@ -605,6 +607,7 @@ pub struct Tunables {
     pub requirepass_set: AtomicBool,
     /// notify-keyspace-events as `pubsub::class` flags.
     pub notify_flags: AtomicU32,
+    pub busy_reply_threshold_ms: AtomicU64,
 }
 
 impl Tunables {
@@ -621,6 +624,7 @@ impl Tunables {
             latency_threshold_ms: AtomicU64::new(0),
             requirepass_set: AtomicBool::new(false),
             notify_flags: AtomicU32::new(0),
+            busy_reply_threshold_ms: AtomicU64::new(5000),
         };
         t.refresh(c);
         t
@@ -643,6 +647,8 @@ impl Tunables {
         self.latency_threshold_ms
             .store(c.get_i64("latency-monitor-threshold") as u64, r);
         self.requirepass_set.store(!c.requirepass().is_empty(), r);
+        self.busy_reply_threshold_ms
+            .store(c.get_i64("busy-reply-threshold") as u64, r);
         self.notify_flags.store(
             crate::pubsub::parse_classes(c.get("notify-keyspace-events")).unwrap_or(0),
             r,

@@ -61,6 +61,15 @@ struct Cli {
     /// Hashtags starting with this prefix go to shards in round-robin order of first use.
     #[arg(long)]
     shard_round_robin_prefix: Option<String>,
+    /// Key prefixes of job queues laid out as `<prefix>:<queue>:...` (BullMQ, Bull,
+    /// bee-queue): all keys of one queue share a shard and a lock tag, comma-separated;
+    /// empty for none [default: bull,bq].
+    #[arg(long)]
+    queue_key_prefixes: Option<String>,
+    /// Keys with a {hashtag} are placed and locked by it (Dragonfly's flag; always the
+    /// case in Kite, accepted for compatibility): yes or no [default: yes].
+    #[arg(long, num_args = 0..=1, default_missing_value = "yes")]
+    lock_on_hashtags: Option<String>,
     /// Move a connection to the thread owning the keys it keeps using: yes or no [default: yes].
     #[arg(long, num_args = 0..=1, default_missing_value = "yes")]
     migrate_connections: Option<String>,
@@ -103,6 +112,8 @@ fn build_config(cli: &Cli) -> Result<Config, String> {
         cli.shard_round_robin_prefix.clone(),
     )?;
     set("migrate-connections", cli.migrate_connections.clone())?;
+    set("queue-key-prefixes", cli.queue_key_prefixes.clone())?;
+    set("lock-on-hashtags", cli.lock_on_hashtags.clone())?;
     set("loglevel", cli.loglevel.clone())?;
     set("logfile", cli.logfile.clone())?;
     set("maxmemory", cli.maxmemory.clone())?;
@@ -198,7 +209,14 @@ fn main() {
     let rr_prefix = Some(config.get("shard-round-robin-prefix").as_bytes().to_vec());
     let tunables = Tunables::new(&config);
     let shared = Arc::new(Shared {
-        placement: Placement::new(threads, rr_prefix),
+        placement: Placement::new(threads, rr_prefix).with_queue_prefixes(
+            config
+                .get("queue-key-prefixes")
+                .split(',')
+                .map(|p| p.trim().as_bytes().to_vec())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        ),
         mailboxes: OnceLock::new(),
         tunables,
         config: Mutex::new(config),
@@ -215,6 +233,10 @@ fn main() {
         run_id: run_id(),
         next_slowlog_id: AtomicU64::new(0),
         subscriptions: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
+        busy: (0..threads).map(|_| Default::default()).collect(),
+        busy_wrote: (0..threads).map(|_| AtomicBool::new(false)).collect(),
+        busy_count: AtomicUsize::new(0),
+        sync_calls: scripting::run::sync_queues(threads),
     });
     memory::refresh(&shared);
     tracing::info!(

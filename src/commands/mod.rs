@@ -5,6 +5,7 @@ pub mod hashes;
 pub mod keys;
 pub mod lists;
 pub mod pubsub;
+pub mod scripting;
 pub mod server;
 pub mod sets;
 pub mod streams;
@@ -358,6 +359,21 @@ fn subcommand_denies_oom(cmd: &Command, args: &[Bytes]) -> bool {
         .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == "denyoom"))
 }
 
+/// What still runs while a script is past the busy threshold: SCRIPT KILL, FUNCTION
+/// KILL and STATS, SHUTDOWN and the connection commands flagged `allow_busy`.
+fn allowed_while_busy(cmd: &Command, args: &[Bytes]) -> bool {
+    if cmd.has(flags::ALLOW_BUSY) {
+        return true;
+    }
+    if cmd.subcommands.is_empty() || args.len() < 2 {
+        return false;
+    }
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    cmd.subcommands
+        .iter()
+        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == "allow_busy"))
+}
+
 /// Refuses a known command before it runs. Refusing EXEC discards the transaction (and
 /// says EXECABORT even outside MULTI), as Redis does.
 fn reject_command(sess: &mut Session, cmd: &'static Command, msg: &str) {
@@ -420,6 +436,18 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
             cmd,
             "OOM command not allowed when used memory > 'maxmemory'.",
         );
+        return;
+    }
+    if sess
+        .worker
+        .shared
+        .busy_count
+        .load(std::sync::atomic::Ordering::Relaxed)
+        > 0
+        && !allowed_while_busy(cmd, &args)
+    {
+        sess.count_rejected(cmd);
+        scripting::busy_error(&mut sess.out);
         return;
     }
     if sess.multi.is_some() && !cmd.has(flags::NO_QUEUE) {

@@ -22,7 +22,7 @@ use crate::shard::{broadcast, hop, unix_ms, unix_us, CmdStat};
 struct ThreadReport {
     commands: Vec<CmdStat>,
     errors: HashMap<String, u64>,
-    counters: [u64; 18],
+    counters: [u64; 22],
     keyspace: Vec<(u64, u64, u64)>,
     ops_per_sec: u64,
     clients: u64,
@@ -60,6 +60,10 @@ fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
             st.net_output_bytes,
             0,
             0,
+            st.scripts_fast,
+            st.scripts_global,
+            st.scripts_restarted,
+            st.scripts_escalated,
         ],
         keyspace: sh
             .dbs
@@ -213,7 +217,7 @@ async_handler!(info, |sess, args| {
         let rss = rss_bytes();
         let _ = write!(
             s,
-            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{uh}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{rh}\r\nused_memory_peak:{peak}\r\nused_memory_peak_human:{ph}\r\nused_memory_lua:0\r\nmaxmemory:{max}\r\nmaxmemory_human:{mh}\r\nmaxmemory_policy:{policy}\r\nmem_fragmentation_ratio:{frag:.2}\r\nmem_allocator:jemalloc-5.3.0\r\n\r\n",
+            "# Memory\r\nused_memory:{used}\r\nused_memory_human:{uh}\r\nused_memory_rss:{rss}\r\nused_memory_rss_human:{rh}\r\nused_memory_peak:{peak}\r\nused_memory_peak_human:{ph}\r\nused_memory_lua:0\r\nused_memory_scripts_eval:{scripts_bytes}\r\nnumber_of_cached_scripts:{scripts}\r\nnumber_of_functions:{functions}\r\nmaxmemory:{max}\r\nmaxmemory_human:{mh}\r\nmaxmemory_policy:{policy}\r\nmem_fragmentation_ratio:{frag:.2}\r\nmem_allocator:jemalloc-5.3.0\r\n\r\n",
             used = used,
             uh = human(used),
             rss = rss,
@@ -224,6 +228,13 @@ async_handler!(info, |sess, args| {
             mh = human(maxmemory),
             policy = policy,
             frag = if used > 0 { rss as f64 / used as f64 } else { 0.0 },
+            scripts_bytes = crate::scripting::cache().body_bytes(),
+            scripts = crate::scripting::cache().len(),
+            functions = crate::scripting::registry()
+                .snapshot()
+                .iter()
+                .map(|l| l.functions.len())
+                .sum::<usize>(),
         );
     }
     if show("persistence") {
@@ -341,7 +352,7 @@ async_handler!(info, |sess, args| {
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
@@ -350,6 +361,10 @@ async_handler!(info, |sess, args| {
             sum(7),
             sum(8),
             reports.iter().map(|r| r.lock_waits).sum::<u64>(),
+            sum(18),
+            sum(19),
+            sum(20),
+            sum(21),
         );
     }
     // Sections end with a blank line; the reply ends after the last field.

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{
-    connection as conn, hashes, keys, lists, pubsub, server, sets, streams, strings,
+    connection as conn, hashes, keys, lists, pubsub, scripting, server, sets, streams, strings,
     transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
@@ -48,6 +48,29 @@ const KALL: Keys = Keys::Range(1, -1, 1);
 const KPAIRS: Keys = Keys::Range(1, -1, 2);
 /// Every argument but the last (BLPOP key... timeout).
 const KBUTLAST: Keys = Keys::Range(1, -2, 1);
+
+const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (3, 3, 1));
+
+const SCRIPT_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("debug", 3, "noscript"),
+    ("exists", -3, "noscript"),
+    ("flush", -2, "noscript may_replicate"),
+    ("help", 2, "loading stale"),
+    ("kill", 2, "noscript allow_busy"),
+    ("load", 3, "noscript may_replicate stale"),
+];
+
+const FUNCTION_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("delete", 3, "noscript write"),
+    ("dump", 2, "noscript"),
+    ("flush", -2, "noscript write"),
+    ("help", 2, "loading stale"),
+    ("kill", 2, "noscript allow_busy"),
+    ("list", -2, "noscript"),
+    ("load", -3, "noscript write denyoom"),
+    ("restore", -3, "noscript write denyoom"),
+    ("stats", 2, "noscript allow_busy"),
+];
 
 /// OBJECT <subcommand> key: the key is the third argument, except for HELP.
 fn object_keys(args: &[Bytes]) -> Vec<usize> {
@@ -300,5 +323,20 @@ pub fn all() -> Vec<Command> {
         c("discard", 1, "noscript loading stale fast allow_busy noqueue", NONE, "transactions", "2.0.0", "Drops the queued commands.", Conn(tx::discard)),
         c("watch", -2, "noscript loading stale fast allow_busy noqueue", KALL, "transactions", "2.2.0", "Makes the next EXEC conditional on keys staying unchanged.", Async(tx::watch)),
         c("unwatch", 1, "noscript loading stale fast allow_busy", NONE, "transactions", "2.2.0", "Forgets all watched keys.", Conn(tx::unwatch)),
+        // Scripting
+        c("eval", -3, "noscript skip_monitor may_replicate stale", EVAL_KEYS, "scripting", "2.6.0", "Runs a Lua script.", Async(scripting::eval)),
+        c("evalsha", -3, "noscript skip_monitor may_replicate stale", EVAL_KEYS, "scripting", "2.6.0", "Runs a cached Lua script by its SHA1.", Async(scripting::evalsha)),
+        c("eval_ro", -3, "noscript skip_monitor stale readonly", EVAL_KEYS, "scripting", "7.0.0", "Runs a read-only Lua script.", Async(scripting::eval_ro)),
+        c("evalsha_ro", -3, "noscript skip_monitor stale readonly", EVAL_KEYS, "scripting", "7.0.0", "Runs a cached read-only Lua script by its SHA1.", Async(scripting::evalsha_ro)),
+        c("fcall", -3, "noscript skip_monitor may_replicate stale", EVAL_KEYS, "scripting", "7.0.0", "Calls a function.", Async(scripting::fcall)),
+        c("fcall_ro", -3, "noscript skip_monitor stale readonly", EVAL_KEYS, "scripting", "7.0.0", "Calls a read-only function.", Async(scripting::fcall_ro)),
+        with_subcommands(
+            c("script", -2, "", NONE, "scripting", "2.6.0", "Manages the script cache.", Async(scripting::script)),
+            SCRIPT_SUBCOMMANDS,
+        ),
+        with_subcommands(
+            c("function", -2, "", NONE, "scripting", "7.0.0", "Manages function libraries.", Async(scripting::function)),
+            FUNCTION_SUBCOMMANDS,
+        ),
     ]
 }

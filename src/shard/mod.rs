@@ -59,6 +59,15 @@ pub struct Shared {
     /// Pub/Sub subscriptions held by each thread's connections, so publishers skip
     /// threads with none.
     pub subscriptions: Vec<AtomicUsize>,
+    /// Each thread's script state (`scripting::run::BUSY_*`), for BUSY and SCRIPT KILL.
+    pub busy: Vec<std::sync::atomic::AtomicU8>,
+    /// Whether the script running on each thread has written (SCRIPT KILL refuses then).
+    pub busy_wrote: Vec<AtomicBool>,
+    /// How many threads run a script past the busy threshold: 0 on the hot path.
+    pub busy_count: AtomicUsize,
+    /// Synchronous calls from scripts waiting for each thread (see scripting::run). The
+    /// mutex guards a queue handed between threads only on scripting's slow paths.
+    pub sync_calls: Vec<Mutex<VecDeque<Msg>>>,
 }
 
 impl Shared {
@@ -94,6 +103,10 @@ impl Shared {
             run_id: "0".repeat(40),
             next_slowlog_id: AtomicU64::new(0),
             subscriptions: (0..nshards).map(|_| AtomicUsize::new(0)).collect(),
+            busy: (0..nshards).map(|_| Default::default()).collect(),
+            busy_wrote: (0..nshards).map(|_| AtomicBool::new(false)).collect(),
+            busy_count: AtomicUsize::new(0),
+            sync_calls: crate::scripting::run::sync_queues(nshards),
         })
     }
 
@@ -202,6 +215,14 @@ pub struct Stats {
     pub squashed_batches: u64,
     pub squashed_commands: u64,
     pub migrations: u64,
+    /// Scripts run on their shard's thread alone.
+    pub scripts_fast: u64,
+    /// Scripts run holding every shard.
+    pub scripts_global: u64,
+    /// Scripts abandoned before any write because they reached another shard, then rerun.
+    pub scripts_restarted: u64,
+    /// Scripts that reached another shard after writing and finished there synchronously.
+    pub scripts_escalated: u64,
     pub expired_keys: u64,
     pub keyspace_hits: u64,
     pub keyspace_misses: u64,

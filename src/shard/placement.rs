@@ -42,6 +42,8 @@ pub struct Placement {
     /// data path; a mutex keeps the first-use order global.
     rr_assigned: Mutex<HashMap<Vec<u8>, usize>>,
     rr_next: AtomicUsize,
+    /// Prefixes of `<prefix>:<queue>:...` keys: the placement tag is `<prefix>:<queue>`.
+    queue_prefixes: Vec<Vec<u8>>,
 }
 
 thread_local! {
@@ -56,7 +58,33 @@ impl Placement {
             rr_prefix: rr_prefix.filter(|p| !p.is_empty()),
             rr_assigned: Mutex::new(HashMap::new()),
             rr_next: AtomicUsize::new(0),
+            queue_prefixes: Vec::new(),
         }
+    }
+
+    pub fn with_queue_prefixes(mut self, prefixes: Vec<Vec<u8>>) -> Placement {
+        self.queue_prefixes = prefixes;
+        self
+    }
+
+    /// What decides a key's shard, and its lock tag for scripts: the hashtag when there
+    /// is one, `<prefix>:<queue>` for a queue key (`bull:emails:42` -> `bull:emails`),
+    /// else the whole key.
+    #[inline]
+    pub fn tag<'a>(&self, key: &'a [u8]) -> &'a [u8] {
+        let tag = hashtag(key);
+        if tag.len() < key.len() {
+            return tag;
+        }
+        for p in &self.queue_prefixes {
+            if key.len() > p.len() + 1 && key.starts_with(p) && key[p.len()] == b':' {
+                let rest = &key[p.len() + 1..];
+                if let Some(i) = rest.iter().position(|&b| b == b':') {
+                    return &key[..p.len() + 1 + i];
+                }
+            }
+        }
+        key
     }
 
     pub fn nshards(&self) -> usize {
@@ -68,7 +96,7 @@ impl Placement {
         if self.nshards == 1 {
             return 0;
         }
-        let tag = hashtag(key);
+        let tag = self.tag(key);
         if let Some(prefix) = &self.rr_prefix {
             if tag.len() < key.len() && tag.starts_with(prefix) {
                 return self.round_robin(tag);
@@ -104,6 +132,25 @@ mod tests {
         assert_eq!(hashtag(b"foo{bar}{zap}"), b"bar");
         assert_eq!(slot(b"123456789"), 0x31C3 % SLOTS);
         assert_eq!(slot(b"{a}x"), slot(b"{a}y"));
+    }
+
+    #[test]
+    fn queue_keys_share_their_queue_tag() {
+        let p = Placement::new(4, None).with_queue_prefixes(vec![b"bull".to_vec()]);
+        assert_eq!(p.tag(b"bull:emails:42"), b"bull:emails");
+        assert_eq!(p.tag(b"bull:emails:"), b"bull:emails");
+        assert_eq!(p.tag(b"bull:emails"), b"bull:emails");
+        assert_eq!(p.tag(b"{bull}:emails:wait"), b"bull");
+        assert_eq!(p.tag(b"other:emails:wait"), b"other:emails:wait");
+        let shard = p.shard_of(b"bull:emails:wait");
+        for k in [
+            "bull:emails:42",
+            "bull:emails:active",
+            "bull:emails:",
+            "bull:emails:42:logs",
+        ] {
+            assert_eq!(p.shard_of(k.as_bytes()), shard, "{k}");
+        }
     }
 
     #[test]

@@ -1,0 +1,717 @@
+//! Running a script: the `redis` API it calls, and where its commands execute.
+//!
+//! A script runs synchronously on one thread. On the fast path that thread owns every key
+//! the script declared, so each `redis.call` runs inline on the shard and nothing else
+//! can interleave: the script is atomic for every key of that shard. A call that reaches
+//! a key of another shard leaves the fast path (see docs/scripting.md):
+//! - before the script wrote anything, it is abandoned and rerun on the global path, and
+//!   its SHA is remembered so later runs go there at once;
+//! - after a write, it escalates: the call runs synchronously on the other shard.
+//!
+//! On the global path the script holds every shard's lock; calls on other shards are
+//! synchronous hops. A thread waiting for such a hop keeps serving the synchronous calls
+//! other scripts send it, so two waiting threads can never deadlock.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mlua::{Lua, MultiValue, Table, Value};
+
+use super::convert::{lua_to_reply, resp_to_lua};
+use super::{Script, ScriptFlags};
+use crate::commands::{flags, table, Command};
+use crate::protocol::reply::{format_double, Reply};
+use crate::shard::{exec_here, KeyEvent, Msg, Shared, Worker};
+
+/// The script running on this thread.
+pub struct Running {
+    pub worker: Rc<Worker>,
+    pub db: usize,
+    pub no_touch: bool,
+    /// `redis.setresp(3)` was called: commands reply in RESP3 and booleans convert so.
+    pub resp3: bool,
+    /// Holds every shard's lock (the global path).
+    pub global: bool,
+    pub wrote: bool,
+    /// Reached another shard before writing: the caller reruns it on the global path.
+    pub restart: bool,
+    pub read_only: bool,
+    /// Redis's OOM rule for scripts without a shebang: checked until the first write.
+    pub check_oom: bool,
+    /// Shards other than this one that the script changed, to serve their blocked
+    /// clients once it ends.
+    pub touched_remote: Vec<usize>,
+    /// Events of calls on other shards, in call order.
+    pub remote_events: Vec<KeyEvent>,
+    pub escalated: bool,
+    pub started: Instant,
+    pub killed: bool,
+}
+
+thread_local! {
+    static RUN: RefCell<Option<Running>> = const { RefCell::new(None) };
+}
+
+/// What the connection's thread gets back from a script run.
+pub struct Outcome {
+    pub reply: Reply,
+    pub events: Vec<KeyEvent>,
+    pub restart: bool,
+    /// A declared key is locked by a transaction: run on the global path instead.
+    pub locked: bool,
+}
+
+/// What to run: an EVAL script or an FCALL function.
+#[derive(Clone)]
+pub enum Body {
+    Script(Arc<Script>),
+    Function(String),
+}
+
+#[derive(Clone)]
+pub struct Job {
+    pub body: Body,
+    pub keys: Vec<Bytes>,
+    pub argv: Vec<Bytes>,
+    pub db: usize,
+    pub resp3: bool,
+    pub no_touch: bool,
+    pub flags: ScriptFlags,
+    pub read_only: bool,
+    pub global: bool,
+    /// Sent by a connection of another thread: events go back with the reply.
+    pub remote: bool,
+}
+
+/// Runs a job on this thread. On the fast path (`job.global` false) the caller made sure
+/// this thread owns the declared keys.
+pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
+    let mut out = Reply::new(job.resp3);
+    if !job.global {
+        let shard = worker.shard.borrow();
+        if !shard.locks.is_idle() && !shard.locks.is_free(job.keys.iter().map(|k| &k[..])) {
+            return Outcome {
+                reply: out,
+                events: Vec::new(),
+                restart: false,
+                locked: true,
+            };
+        }
+    }
+    let prev = RUN.with(|r| {
+        r.borrow_mut().replace(Running {
+            worker: worker.clone(),
+            db: job.db,
+            no_touch: job.no_touch,
+            resp3: false,
+            global: job.global,
+            wrote: false,
+            restart: false,
+            read_only: job.read_only || job.flags.no_writes,
+            check_oom: !job.flags.shebang,
+            touched_remote: Vec::new(),
+            remote_events: Vec::new(),
+            escalated: false,
+            started: Instant::now(),
+            killed: false,
+        })
+    });
+    debug_assert!(prev.is_none(), "scripts do not nest");
+    mark_busy(worker, true);
+    let result = super::vm::with_vm(|vm| -> Result<Result<Value, Value>, String> {
+        match &job.body {
+            Body::Script(s) => {
+                let f = vm.compile(&s.sha, &s.code)?;
+                vm.set_keys_argv(&job.keys, &job.argv)
+                    .map_err(|e| e.to_string())?;
+                vm.run_script(&f).map_err(|e| e.to_string())
+            }
+            Body::Function(name) => {
+                let f = super::functions::load_into(vm, name)?;
+                vm.run_function(&f, &job.keys, &job.argv)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    });
+    mark_busy(worker, false);
+    let run = RUN.with(|r| r.borrow_mut().take()).expect("set above");
+    let label = match &job.body {
+        Body::Script(s) => s.sha.clone(),
+        Body::Function(name) => name.clone(),
+    };
+    if run.restart {
+        return Outcome {
+            reply: out,
+            events: Vec::new(),
+            restart: true,
+            locked: false,
+        };
+    }
+    match result {
+        Err(msg) => out.error(&msg),
+        Ok(Ok(v)) => lua_to_reply(&v, &mut out, run.resp3, 0),
+        Ok(Err(e)) => {
+            if run.killed {
+                out.error("ERR Script killed by user with SCRIPT KILL...");
+            } else {
+                error_reply(&e, &label, &mut out)
+            }
+        }
+    }
+    {
+        let mut shard = worker.shard.borrow_mut();
+        if run.global {
+            shard.stats.scripts_global += 1;
+        } else {
+            shard.stats.scripts_fast += 1;
+        }
+        if run.escalated {
+            shard.stats.scripts_escalated += 1;
+        }
+    }
+    for s in &run.touched_remote {
+        worker
+            .shared
+            .send(*s, Box::new(|w| crate::shard::after_command(w)));
+    }
+    let mut events = run.remote_events;
+    if job.remote || !events.is_empty() {
+        // Keep one order: this shard's events after the remote ones would be wrong, so
+        // every event of the script goes back to the connection.
+        let mut local = Vec::new();
+        crate::shard::after_command_into(worker, Some(&mut local));
+        events.extend(local);
+    } else {
+        crate::shard::after_command(worker);
+    }
+    Outcome {
+        reply: out,
+        events,
+        restart: false,
+        locked: false,
+    }
+}
+
+/// The error reply for a script that raised: its message, then where it was raised.
+fn error_reply(e: &Value, label: &str, out: &mut Reply) {
+    let Value::Table(t) = e else {
+        out.error("ERR unknown error");
+        return;
+    };
+    let msg: Option<mlua::String> = t.raw_get("err").ok();
+    let Some(msg) = msg else {
+        out.error("ERR unknown error");
+        return;
+    };
+    let mut text = msg.as_bytes().to_vec();
+    let source: Option<mlua::String> = t.raw_get("source").ok();
+    let line: Option<f64> = t.raw_get("line").ok();
+    if let (Some(source), Some(line)) = (source, line) {
+        text.extend_from_slice(format!(" script: {}, on ", label).as_bytes());
+        text.extend_from_slice(&source.as_bytes());
+        text.extend_from_slice(format!(":{}.", line as i64).as_bytes());
+    }
+    out.error_bytes(&text);
+}
+
+/// An `{err=...}` table as Redis builds it from an error reply text: a leading `-` is
+/// dropped, and a text without an error code gets `ERR`.
+fn err_table(lua: &Lua, msg: &[u8]) -> mlua::Result<(Value, bool)> {
+    let t = lua.create_table()?;
+    t.raw_set("err", lua.create_string(normalize_error(msg))?)?;
+    Ok((Value::Table(t), true))
+}
+
+fn normalize_error(msg: &[u8]) -> Vec<u8> {
+    let msg = msg.strip_prefix(b"-").unwrap_or(msg);
+    if msg.contains(&b' ') {
+        msg.to_vec()
+    } else {
+        let mut v = b"ERR ".to_vec();
+        v.extend_from_slice(msg);
+        v
+    }
+}
+
+/// `redis.call` and `redis.pcall`: runs one command. Returns the reply as a Lua value and
+/// whether it is an error (which `redis.call` raises).
+pub fn redis_call(lua: &Lua, args: MultiValue) -> mlua::Result<(Value, bool)> {
+    let mut argv: Vec<Bytes> = Vec::with_capacity(args.len().saturating_sub(1));
+    for v in args.into_iter().skip(1) {
+        match v {
+            Value::String(s) => argv.push(Bytes::copy_from_slice(&s.as_bytes())),
+            Value::Number(n) => argv.push(Bytes::from(format_double(n))),
+            Value::Integer(i) => argv.push(Bytes::from(i.to_string())),
+            _ => {
+                return err_table(
+                    lua,
+                    b"ERR Lua redis lib command arguments must be strings or integers",
+                )
+            }
+        }
+    }
+    if argv.is_empty() {
+        return err_table(
+            lua,
+            b"ERR Please specify at least one argument for this redis lib call",
+        );
+    }
+    let Some(cmd) = table().lookup(&argv[0]) else {
+        return err_table(lua, b"ERR Unknown Redis command called from script");
+    };
+    if !cmd.arity_ok(argv.len()) {
+        return err_table(
+            lua,
+            b"ERR Wrong number of args calling Redis command from script",
+        );
+    }
+    if cmd.has(flags::NOSCRIPT) {
+        return err_table(lua, b"ERR This Redis command is not allowed from script");
+    }
+    if !cmd.subcommands.is_empty() {
+        if let Err(e) = crate::commands::check_subcommand(cmd, &argv) {
+            return err_table(lua, e.as_bytes());
+        }
+    }
+    let reply = RUN.with(|r| -> Result<Reply, Vec<u8>> {
+        let mut guard = r.borrow_mut();
+        let run = guard
+            .as_mut()
+            .ok_or_else(|| b"ERR redis.call is only available while a script runs".to_vec())?;
+        if run.restart {
+            return Err(b"ERR Kite: the script is being moved to the global path".to_vec());
+        }
+        if cmd.has(flags::WRITE) {
+            if run.read_only {
+                return Err(b"ERR Write commands are not allowed from read-only scripts.".to_vec());
+            }
+        }
+        if run.check_oom
+            && !run.wrote
+            && cmd.has(flags::DENYOOM)
+            && over_maxmemory(&run.worker.shared)
+        {
+            return Err(b"OOM command not allowed when used memory > 'maxmemory'.".to_vec());
+        }
+        dispatch(run, cmd, &argv)
+    });
+    match reply {
+        Err(msg) => err_table(lua, &msg),
+        Ok(reply) => {
+            let mut pos = 0;
+            let mut is_error = false;
+            if reply.buf.is_empty() {
+                return Ok((Value::Nil, false));
+            }
+            let v = resp_to_lua(lua, &reply.buf, &mut pos, &mut is_error)?;
+            if is_error {
+                let Value::Table(t) = &v else { unreachable!() };
+                let msg: mlua::String = t.raw_get("err")?;
+                let normalized = normalize_error(&msg.as_bytes());
+                t.raw_set("err", lua.create_string(normalized)?)?;
+            }
+            Ok((v, is_error))
+        }
+    }
+}
+
+fn over_maxmemory(shared: &Shared) -> bool {
+    let max = shared.tunables.maxmemory.load(Ordering::Relaxed);
+    max > 0 && shared.used_memory.load(Ordering::Relaxed) as u64 > max
+}
+
+/// Runs one command of a script where its keys live.
+fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<Reply, Vec<u8>> {
+    let worker = run.worker.clone();
+    let Some(f) = cmd.exec_fn() else {
+        return keyless(run, cmd, argv);
+    };
+    let positions = cmd.key_positions(argv);
+    let mut target = None;
+    for &p in &positions {
+        let s = worker.shard_of(&argv[p]);
+        match target {
+            None => target = Some(s),
+            Some(t) if t != s => {
+                return Err(b"ERR Kite cannot run a command whose keys live on different shards inside a script; give the keys one {hashtag}".to_vec())
+            }
+            _ => {}
+        }
+    }
+    let target = target.unwrap_or(worker.id);
+    let here = target == worker.id;
+    if !run.global {
+        let free = here && {
+            let shard = worker.shard.borrow();
+            shard.locks.is_idle() || shard.locks.is_free(positions.iter().map(|&p| &argv[p][..]))
+        };
+        if !free {
+            if !run.wrote {
+                run.restart = true;
+                return Err(b"ERR Kite: the script is being moved to the global path".to_vec());
+            }
+            run.escalated = true;
+        }
+    }
+    if cmd.has(flags::WRITE) && !run.wrote {
+        run.wrote = true;
+        worker.shared.busy_wrote[worker.id].store(true, Ordering::Release);
+    }
+    let (db, no_touch, resp3) = (run.db, run.no_touch, run.resp3);
+    if here {
+        let mut reply = Reply::new(resp3);
+        let mut shard = worker.shard.borrow_mut();
+        exec_here(&mut shard, cmd, f, argv, db, &mut reply, no_touch);
+        return Ok(reply);
+    }
+    let args = argv.to_vec();
+    let (reply, events) = sync_call(&worker, target, move |w| {
+        let mut reply = Reply::new(resp3);
+        let mut shard = w.shard.borrow_mut();
+        exec_here(&mut shard, cmd, f, &args, db, &mut reply, no_touch);
+        let events = std::mem::take(&mut shard.events);
+        (reply, events)
+    });
+    run.remote_events.extend(events);
+    if !run.touched_remote.contains(&target) {
+        run.touched_remote.push(target);
+    }
+    Ok(reply)
+}
+
+/// Commands without keys that scripts commonly call.
+fn keyless(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<Reply, Vec<u8>> {
+    let mut out = Reply::new(run.resp3);
+    match cmd.name {
+        "ping" => {
+            if argv.len() > 1 {
+                out.bulk(&argv[1]);
+            } else {
+                out.simple("PONG");
+            }
+        }
+        "echo" => out.bulk(&argv[1]),
+        "time" => {
+            let us = crate::shard::unix_us();
+            out.array(2);
+            out.bulk((us / 1_000_000).to_string().as_bytes());
+            out.bulk((us % 1_000_000).to_string().as_bytes());
+        }
+        "select" => {
+            let db = std::str::from_utf8(&argv[1])
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok());
+            match db {
+                Some(db) if db < run.worker.shared.tunables.databases => {
+                    run.db = db;
+                    out.ok();
+                }
+                Some(_) => out.error("ERR DB index is out of range"),
+                None => out.error("ERR value is not an integer or out of range"),
+            }
+        }
+        "publish" => {
+            // Delivered to every thread's subscribers; the count is this thread's, since
+            // a script cannot wait for the others.
+            let n = run
+                .worker
+                .clients
+                .borrow()
+                .pubsub
+                .deliver(&argv[1], &argv[2]);
+            let worker = run.worker.clone();
+            for t in 0..worker.nshards() {
+                if t != worker.id && worker.shared.subscriptions[t].load(Ordering::Acquire) > 0 {
+                    let (c, m) = (argv[1].clone(), argv[2].clone());
+                    worker.shared.send(
+                        t,
+                        Box::new(move |w| {
+                            w.clients.borrow().pubsub.deliver(&c, &m);
+                        }),
+                    );
+                }
+            }
+            out.int(n as i64);
+        }
+        _ => {
+            return Err(
+                format!("ERR Kite does not support '{}' inside scripts", cmd.name).into_bytes(),
+            )
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `f` on `target`'s thread and waits for it, synchronously. While waiting, this
+/// thread serves the synchronous calls sent to it, so waits can never form a cycle.
+pub fn sync_call<R, F>(worker: &Rc<Worker>, target: usize, f: F) -> R
+where
+    R: Send + 'static,
+    F: FnOnce(&Rc<Worker>) -> R + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    push_sync(
+        &worker.shared,
+        target,
+        Box::new(move |w| {
+            let _ = tx.send(f(w));
+        }),
+    );
+    worker.shard.borrow_mut().stats.hops += 1;
+    loop {
+        match rx.recv_timeout(Duration::from_micros(200)) {
+            Ok(r) => return r,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => serve_sync(worker),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("shard thread stopped")
+            }
+        }
+    }
+}
+
+/// Queues a synchronous call for `target` and pokes its event loop, whichever of the two
+/// (its loop, or its own wait) gets there first runs it.
+fn push_sync(shared: &Arc<Shared>, target: usize, msg: Msg) {
+    shared.sync_calls[target]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push_back(msg);
+    shared.send(target, Box::new(|w| serve_sync(w)));
+}
+
+/// Runs the synchronous calls waiting for this thread.
+pub fn serve_sync(worker: &Rc<Worker>) {
+    loop {
+        let next = worker.shared.sync_calls[worker.id]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front();
+        match next {
+            Some(msg) => msg(worker),
+            None => return,
+        }
+    }
+}
+
+/// The per-thread queues of synchronous calls.
+pub fn sync_queues(n: usize) -> Vec<Mutex<VecDeque<Msg>>> {
+    (0..n).map(|_| Mutex::new(VecDeque::new())).collect()
+}
+
+/// The `redis` table, less `call` and `pcall` (which the sandbox wraps in Lua).
+pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
+    let redis = lua.create_table()?;
+    redis.raw_set(
+        "sha1hex",
+        lua.create_function(|lua, args: MultiValue| {
+            if args.len() != 1 {
+                return Err(mlua::Error::RuntimeError(
+                    "wrong number of arguments".into(),
+                ));
+            }
+            let s = match args.into_iter().next() {
+                Some(Value::String(s)) => s.as_bytes().to_vec(),
+                Some(Value::Number(n)) => format_double(n).into_bytes(),
+                _ => Vec::new(),
+            };
+            lua.create_string(super::sha1_hex(&s))
+        })?,
+    )?;
+    redis.raw_set(
+        "error_reply",
+        lua.create_function(|lua, msg: mlua::String| {
+            let t = lua.create_table()?;
+            t.raw_set("err", lua.create_string(normalize_error(&msg.as_bytes()))?)?;
+            Ok(t)
+        })?,
+    )?;
+    redis.raw_set(
+        "status_reply",
+        lua.create_function(|lua, msg: mlua::String| {
+            let t = lua.create_table()?;
+            t.raw_set("ok", msg)?;
+            Ok(t)
+        })?,
+    )?;
+    redis.raw_set(
+        "log",
+        lua.create_function(|_, args: MultiValue| {
+            if args.len() < 2 {
+                return Err(mlua::Error::RuntimeError(
+                    "redis.log() requires two arguments or more.".into(),
+                ));
+            }
+            let mut it = args.into_iter();
+            let level = match it.next() {
+                Some(Value::Number(n)) => n as i64,
+                Some(Value::Integer(n)) => n as i64,
+                _ => {
+                    return Err(mlua::Error::RuntimeError(
+                        "First argument must be a number (log level).".into(),
+                    ))
+                }
+            };
+            let text: Vec<String> = it
+                .map(|v| match v {
+                    Value::String(s) => String::from_utf8_lossy(&s.as_bytes()).into_owned(),
+                    Value::Number(n) => format_double(n),
+                    _ => String::new(),
+                })
+                .collect();
+            let text = text.join(" ");
+            match level {
+                0 => tracing::debug!(target: "script", "{text}"),
+                1 | 2 => tracing::info!(target: "script", "{text}"),
+                3 => tracing::warn!(target: "script", "{text}"),
+                _ => return Err(mlua::Error::RuntimeError("Invalid debug level.".into())),
+            }
+            Ok(())
+        })?,
+    )?;
+    redis.raw_set(
+        "setresp",
+        lua.create_function(|_, v: Value| {
+            let n = match v {
+                Value::Number(n) => n as i64,
+                Value::Integer(n) => n as i64,
+                _ => 0,
+            };
+            if n != 2 && n != 3 {
+                return Err(mlua::Error::RuntimeError(
+                    "RESP version must be 2 or 3.".into(),
+                ));
+            }
+            RUN.with(|r| {
+                if let Some(run) = r.borrow_mut().as_mut() {
+                    run.resp3 = n == 3;
+                }
+            });
+            Ok(())
+        })?,
+    )?;
+    // Replication does not exist yet; these keep scripts written for it working.
+    redis.raw_set("set_repl", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
+    redis.raw_set(
+        "replicate_commands",
+        lua.create_function(|_, _: MultiValue| Ok(true))?,
+    )?;
+    redis.raw_set(
+        "breakpoint",
+        lua.create_function(|_, _: MultiValue| Ok(false))?,
+    )?;
+    redis.raw_set("debug", lua.create_function(|_, _: MultiValue| Ok(()))?)?;
+    redis.raw_set(
+        "acl_check_cmd",
+        lua.create_function(|_, args: MultiValue| {
+            let name = match args.into_iter().next() {
+                Some(Value::String(s)) => s.as_bytes().to_vec(),
+                _ => {
+                    return Err(mlua::Error::RuntimeError(
+                        "Please specify at least one argument for this redis lib call".into(),
+                    ))
+                }
+            };
+            if table().lookup(&name).is_none() {
+                return Err(mlua::Error::RuntimeError(
+                    "Invalid command passed to redis.acl_check_cmd()".into(),
+                ));
+            }
+            Ok(true)
+        })?,
+    )?;
+    redis.raw_set(
+        "register_function",
+        lua.create_function(|lua, args: MultiValue| {
+            super::functions::register_function(lua, args)
+        })?,
+    )?;
+    for (name, v) in [
+        ("LOG_DEBUG", 0),
+        ("LOG_VERBOSE", 1),
+        ("LOG_NOTICE", 2),
+        ("LOG_WARNING", 3),
+        ("REPL_NONE", 0),
+        ("REPL_AOF", 1),
+        ("REPL_SLAVE", 2),
+        ("REPL_REPLICA", 2),
+        ("REPL_ALL", 3),
+    ] {
+        redis.raw_set(name, v)?;
+    }
+    redis.raw_set("REDIS_VERSION", crate::commands::connection::SERVER_VERSION)?;
+    redis.raw_set("REDIS_VERSION_NUM", 0x0007_0204)?;
+    Ok(redis)
+}
+
+/// Every so many instructions: notice a script past the busy threshold (so other
+/// threads answer BUSY), and stop one that SCRIPT KILL named.
+pub fn install_hook(lua: &Lua) {
+    lua.set_hook(
+        mlua::HookTriggers::new().every_nth_instruction(10_000),
+        |_, _| {
+            let kill = RUN.with(|r| {
+                let mut guard = r.borrow_mut();
+                let Some(run) = guard.as_mut() else {
+                    return false;
+                };
+                let shared = &run.worker.shared;
+                let threshold = shared
+                    .tunables
+                    .busy_reply_threshold_ms
+                    .load(Ordering::Relaxed);
+                let id = run.worker.id;
+                if threshold > 0
+                    && run.started.elapsed().as_millis() as u64 >= threshold
+                    && shared.busy[id]
+                        .compare_exchange(
+                            BUSY_STARTED,
+                            BUSY_RUNNING,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
+                        .is_ok()
+                {
+                    shared.busy_count.fetch_add(1, Ordering::AcqRel);
+                    tracing::warn!(
+                        "a script has run for {threshold} ms: other clients get BUSY until it ends"
+                    );
+                }
+                if shared.busy[id].load(Ordering::Acquire) == BUSY_KILL {
+                    run.killed = true;
+                    return true;
+                }
+                false
+            });
+            if kill {
+                return Err(mlua::Error::RuntimeError(
+                    "Script killed by user with SCRIPT KILL...".into(),
+                ));
+            }
+            Ok(mlua::VmState::Continue)
+        },
+    );
+}
+
+/// Per-thread script state others can see: idle, running under the threshold, running
+/// past it (BUSY), or asked to stop.
+pub const BUSY_IDLE: u8 = 0;
+pub const BUSY_STARTED: u8 = 1;
+pub const BUSY_RUNNING: u8 = 2;
+pub const BUSY_KILL: u8 = 3;
+
+fn mark_busy(worker: &Rc<Worker>, running: bool) {
+    let slot = &worker.shared.busy[worker.id];
+    let before = slot.swap(
+        if running { BUSY_STARTED } else { BUSY_IDLE },
+        Ordering::AcqRel,
+    );
+    if before == BUSY_RUNNING || before == BUSY_KILL {
+        worker.shared.busy_count.fetch_sub(1, Ordering::AcqRel);
+    }
+    worker.shared.busy_wrote[worker.id].store(false, Ordering::Release);
+}

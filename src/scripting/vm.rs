@@ -1,0 +1,316 @@
+//! One Lua 5.1 interpreter per thread, set up as Redis 7 sets up its own: a fixed set of
+//! libraries, the `redis` API, and read-only globals.
+//!
+//! Scripts see their globals through a proxy table: reading a missing global and writing
+//! any global are errors, as in Redis. Compiled scripts are kept per thread by SHA, so a
+//! script is compiled once on each thread that runs it.
+
+use std::cell::RefCell;
+
+use hashbrown::HashMap;
+use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table, Value};
+
+use super::run;
+
+/// What a thread keeps of the Lua world.
+pub struct Vm {
+    pub lua: Lua,
+    /// The globals scripts read, behind `env`.
+    real: Table,
+    /// The read-only proxy every script and function runs in.
+    env: Table,
+    setfenv: Function,
+    run_script: Function,
+    run_function: Function,
+    compiled: HashMap<String, Function>,
+    /// FCALL's functions as loaded on this thread, and the library generation they are.
+    pub functions: HashMap<String, Function>,
+    pub functions_generation: u64,
+}
+
+thread_local! {
+    static VM: RefCell<Option<Vm>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's interpreter, creating it on first use.
+pub fn with_vm<R>(f: impl FnOnce(&mut Vm) -> R) -> R {
+    VM.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(Vm::new().expect("the Lua interpreter starts"));
+        }
+        f(slot.as_mut().expect("just created"))
+    })
+}
+
+/// Drops this thread's interpreter (SCRIPT FLUSH): the next script gets a fresh one.
+pub fn reset() {
+    VM.with(|cell| *cell.borrow_mut() = None);
+}
+
+/// The globals a script may read, besides the bundled libraries and `redis`.
+const BASE_GLOBALS: &[&str] = &[
+    "assert",
+    "collectgarbage",
+    "coroutine",
+    "error",
+    "gcinfo",
+    "getmetatable",
+    "ipairs",
+    "next",
+    "pairs",
+    "pcall",
+    "rawequal",
+    "rawget",
+    "rawset",
+    "select",
+    "setmetatable",
+    "string",
+    "table",
+    "math",
+    "tonumber",
+    "tostring",
+    "type",
+    "unpack",
+    "xpcall",
+    "_VERSION",
+    "bit",
+    "cjson",
+    "cmsgpack",
+    "struct",
+];
+
+/// Builds the sandbox. Runs with the stock globals; returns the proxy and the runners.
+const SETUP: &str = r#"
+local real, names, error_text = ...
+local INTERNAL = "=kite"
+local getinfo, type, tostring, error, rawget, setmetatable, xpcall, setfenv, loadstring, load =
+  debug.getinfo, type, tostring, error, rawget, setmetatable, xpcall, setfenv, loadstring, load
+
+for _, name in ipairs(names) do
+  real[name] = _G[name]
+end
+real.os = { clock = os.clock }
+
+local function deny_write()
+  error("Attempt to modify a readonly table", 2)
+end
+local function readonly(t)
+  return setmetatable({}, { __index = t, __newindex = deny_write, __metatable = false })
+end
+
+-- Errors leave a script as a table {err=...} that also says where they were raised:
+-- the first frame that is neither C nor this file.
+local function handler(err)
+  local level, info = 2, nil
+  while true do
+    info = getinfo(level, "nSl")
+    if info == nil or (info.what ~= "C" and info.source ~= INTERNAL) then break end
+    level = level + 1
+  end
+  if type(err) == "userdata" then
+    err = { err = "ERR " .. error_text(err) }
+  elseif type(err) ~= "table" then
+    err = { err = "ERR " .. tostring(err) }
+  end
+  if info then
+    err.source = info.source
+    err.line = info.currentline
+  end
+  return err
+end
+real.__redis__err__handler = handler
+
+local env = setmetatable({}, {
+  __index = function(_, key)
+    local value = rawget(real, key)
+    if value == nil then
+      error("Script attempted to access nonexistent global variable '" .. tostring(key) .. "'", 2)
+    end
+    return value
+  end,
+  __newindex = deny_write,
+  __metatable = false,
+})
+real._G = env
+real.loadstring = function(s, name)
+  local f, e = loadstring(s, name)
+  if f then setfenv(f, env) end
+  return f, e
+end
+real.load = function(chunk, name)
+  local f, e = load(chunk, name)
+  if f then setfenv(f, env) end
+  return f, e
+end
+for _, name in ipairs({ "string", "table", "math", "coroutine", "bit", "cjson", "cmsgpack", "struct", "redis", "os" }) do
+  if real[name] ~= nil then real[name] = readonly(real[name]) end
+end
+
+local function run_script(f)
+  return xpcall(f, handler)
+end
+local function run_function(callback, keys, args)
+  return xpcall(function() return callback(keys, args) end, handler)
+end
+return env, run_script, run_function, setfenv
+"#;
+
+/// The message of an error raised by Rust code (a callback's own text, without mlua's
+/// traceback), as Redis would show it.
+fn error_text(e: &Value) -> String {
+    fn inner(e: &mlua::Error) -> String {
+        match e {
+            mlua::Error::CallbackError { cause, .. } => inner(cause),
+            mlua::Error::RuntimeError(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+    match e {
+        Value::Error(e) => inner(e),
+        other => format!("{other:?}"),
+    }
+}
+
+const RAW_CALL_KEY: &str = "kite.raw_call";
+
+/// `redis.call` is a C function, as in Redis: a command error is raised as the `{err=}`
+/// table itself (so `pcall(redis.call, ...)` gets the table), and a script's
+/// `return redis.call(...)` keeps its own frame, so errors name the script's line.
+unsafe extern "C-unwind" fn redis_call_c(state: *mut mlua::ffi::lua_State) -> std::os::raw::c_int {
+    call_through(state, true)
+}
+
+unsafe extern "C-unwind" fn redis_pcall_c(state: *mut mlua::ffi::lua_State) -> std::os::raw::c_int {
+    call_through(state, false)
+}
+
+/// Calls the Rust `redis_call` (kept in the registry) with the raise flag first; it
+/// returns the reply and whether it is an error, which `redis.call` then raises.
+unsafe fn call_through(state: *mut mlua::ffi::lua_State, raise: bool) -> std::os::raw::c_int {
+    use mlua::ffi;
+    let n = ffi::lua_gettop(state);
+    ffi::luaL_checkstack(state, 4, c"redis.call".as_ptr());
+    ffi::lua_getfield(state, ffi::LUA_REGISTRYINDEX, c"kite.raw_call".as_ptr());
+    ffi::lua_insert(state, 1);
+    ffi::lua_pushboolean(state, raise as _);
+    ffi::lua_insert(state, 2);
+    ffi::lua_call(state, n + 1, 2);
+    let failed = ffi::lua_toboolean(state, -1) != 0;
+    ffi::lua_pop(state, 1);
+    if raise && failed {
+        ffi::lua_error(state);
+    }
+    1
+}
+
+impl Vm {
+    fn new() -> mlua::Result<Vm> {
+        // The debug library is loaded for the error handler only; scripts never see it.
+        let lua = unsafe {
+            Lua::unsafe_new_with(
+                StdLib::TABLE | StdLib::STRING | StdLib::MATH | StdLib::OS | StdLib::DEBUG,
+                LuaOptions::new(),
+            )
+        };
+        super::libs::register(&lua)?;
+        let real = lua.create_table()?;
+        let redis = run::redis_api(&lua)?;
+        let raw_call = lua.create_function(|lua, args: MultiValue| run::redis_call(lua, args))?;
+        lua.set_named_registry_value(RAW_CALL_KEY, raw_call)?;
+        // SAFETY: both are plain Lua C functions that follow the C API's stack rules.
+        unsafe {
+            redis.raw_set("call", lua.create_c_function(redis_call_c)?)?;
+            redis.raw_set("pcall", lua.create_c_function(redis_pcall_c)?)?;
+        }
+        real.raw_set("redis", redis)?;
+        let names = lua.create_sequence_from(BASE_GLOBALS.iter().copied())?;
+        let (env, run_script, run_function, setfenv): (Table, Function, Function, Function) =
+            lua.load(SETUP).set_name("=kite").call((
+                real.clone(),
+                names,
+                lua.create_function(|_, e: Value| Ok(error_text(&e)))?,
+            ))?;
+        run::install_hook(&lua);
+        Ok(Vm {
+            lua,
+            real,
+            env,
+            setfenv,
+            run_script,
+            run_function,
+            compiled: HashMap::new(),
+            functions: HashMap::new(),
+            functions_generation: 0,
+        })
+    }
+
+    /// Compiles a script body as Redis does (chunk `@user_script`), or returns Redis's
+    /// compile error text.
+    pub fn compile(&mut self, sha: &str, body: &[u8]) -> Result<Function, String> {
+        if let Some(f) = self.compiled.get(sha) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .load_chunk(body, "@user_script")
+            .map_err(|e| format!("ERR Error compiling script (new function): {}", e))?;
+        self.compiled.insert(sha.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Loads `body` under the sandbox. The error is Lua's message alone.
+    pub fn load_chunk(&self, body: &[u8], name: &str) -> Result<Function, String> {
+        let f = self
+            .lua
+            .load(body)
+            .set_name(name)
+            .into_function()
+            .map_err(|e| match e {
+                mlua::Error::SyntaxError { message, .. } => message,
+                other => other.to_string(),
+            })?;
+        self.setfenv
+            .call::<()>((f.clone(), self.env.clone()))
+            .map_err(|e| e.to_string())?;
+        Ok(f)
+    }
+
+    /// Sets KEYS and ARGV, as Redis sets them before each script.
+    pub fn set_keys_argv(&self, keys: &[bytes::Bytes], argv: &[bytes::Bytes]) -> mlua::Result<()> {
+        self.real.raw_set("KEYS", self.strings(keys)?)?;
+        self.real.raw_set("ARGV", self.strings(argv)?)?;
+        Ok(())
+    }
+
+    pub fn strings(&self, items: &[bytes::Bytes]) -> mlua::Result<Table> {
+        let t = self.lua.create_table_with_capacity(items.len(), 0)?;
+        for (i, s) in items.iter().enumerate() {
+            t.raw_set(i + 1, self.lua.create_string(&s[..])?)?;
+        }
+        Ok(t)
+    }
+
+    /// Runs a compiled script under the error handler: Ok(value) or Err(error table).
+    pub fn run_script(&self, f: &Function) -> mlua::Result<Result<Value, Value>> {
+        let mut r = self.run_script.call::<MultiValue>(f.clone())?.into_iter();
+        let ok = matches!(r.next(), Some(Value::Boolean(true)));
+        let v = r.next().unwrap_or(Value::Nil);
+        Ok(if ok { Ok(v) } else { Err(v) })
+    }
+
+    /// Runs an FCALL function with its keys and arguments.
+    pub fn run_function(
+        &self,
+        f: &Function,
+        keys: &[bytes::Bytes],
+        args: &[bytes::Bytes],
+    ) -> mlua::Result<Result<Value, Value>> {
+        let mut r = self
+            .run_function
+            .call::<MultiValue>((f.clone(), self.strings(keys)?, self.strings(args)?))?
+            .into_iter();
+        let ok = matches!(r.next(), Some(Value::Boolean(true)));
+        let v = r.next().unwrap_or(Value::Nil);
+        Ok(if ok { Ok(v) } else { Err(v) })
+    }
+}
