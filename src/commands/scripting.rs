@@ -169,10 +169,12 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
     let outcome = match outcome {
         Some(o) => o,
         None => {
+            // Every shard locked, the script runs where its first key lives, so most of
+            // its calls stay inline; the others are synchronous hops.
             let tx = Tx::lock_keys(&worker, &[], true).await;
             job.global = true;
-            job.remote = false;
-            let o = run::run_job(&worker, job);
+            job.remote = target != worker.id;
+            let o = hop(&worker, target, move |w| run::run_job(w, job)).await;
             drop(tx);
             o
         }

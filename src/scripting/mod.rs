@@ -100,16 +100,38 @@ impl Script {
 #[derive(Default)]
 pub struct ScriptCache {
     scripts: Mutex<HashMap<String, Arc<Script>>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+thread_local! {
+    /// What this thread already found in the shared cache, so EVALSHA takes no lock:
+    /// valid while the cache's generation (bumped by SCRIPT FLUSH) is unchanged.
+    static SEEN: std::cell::RefCell<(u64, HashMap<String, Arc<Script>>)> =
+        std::cell::RefCell::new((0, HashMap::new()));
 }
 
 impl ScriptCache {
     pub fn get(&self, sha: &str) -> Option<Arc<Script>> {
-        let sha = sha.to_ascii_lowercase();
-        self.scripts
+        let generation = self.generation.load(Ordering::Acquire);
+        let seen = SEEN.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.0 != generation {
+                *s = (generation, HashMap::new());
+            }
+            s.1.get(sha).cloned()
+        });
+        if seen.is_some() {
+            return seen;
+        }
+        let lower = sha.to_ascii_lowercase();
+        let found = self
+            .scripts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&sha)
-            .cloned()
+            .get(&lower)
+            .cloned()?;
+        SEEN.with(|s| s.borrow_mut().1.insert(sha.to_string(), found.clone()));
+        Some(found)
     }
 
     /// Adds a script (or finds it) and returns it; a bad shebang is refused.
@@ -138,6 +160,7 @@ impl ScriptCache {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn len(&self) -> usize {
@@ -160,6 +183,7 @@ impl ScriptCache {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(sha);
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 }
 

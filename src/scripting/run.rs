@@ -172,6 +172,11 @@ pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
         }
         if run.escalated {
             shard.stats.scripts_escalated += 1;
+            // Next time it takes every shard's lock before it starts.
+            match &job.body {
+                Body::Script(s) => s.wide.store(true, Ordering::Relaxed),
+                Body::Function(name) => super::mark_function_wide(name),
+            }
         }
     }
     for s in &run.touched_remote {
