@@ -138,14 +138,28 @@ fn run(threads: usize) {
     let mut tx_total = 0i64;
     for q in 0..QUEUES {
         let name = queue(q);
-        let a = c.cmd(&["GET", &format!("{name}:acct:a")]).parse_int().unwrap();
-        let b = c.cmd(&["GET", &format!("{name}:acct:b")]).parse_int().unwrap();
-        assert_eq!(a + b, 2 * ACCOUNT_START, "queue {name}: accounts lost a unit");
+        let a = c
+            .cmd(&["GET", &format!("{name}:acct:a")])
+            .parse_int()
+            .unwrap();
+        let b = c
+            .cmd(&["GET", &format!("{name}:acct:b")])
+            .parse_int()
+            .unwrap();
+        assert_eq!(
+            a + b,
+            2 * ACCOUNT_START,
+            "queue {name}: accounts lost a unit"
+        );
         let moved = c
             .cmd(&["GET", &format!("{name}:transfers")])
             .parse_int()
             .unwrap_or(0);
-        assert_eq!(ACCOUNT_START - a, moved, "queue {name}: transfers miscounted");
+        assert_eq!(
+            ACCOUNT_START - a,
+            moved,
+            "queue {name}: transfers miscounted"
+        );
         finished += c
             .cmd(&["GET", &format!("{name}:children_done")])
             .parse_int()
@@ -167,8 +181,16 @@ fn run(threads: usize) {
                 .unwrap() as usize
         })
         .sum();
-    assert_eq!(finished as usize, results.len(), "a finished job has no result");
-    assert_eq!(left + results.len(), jobs_total, "jobs were lost or duplicated");
+    assert_eq!(
+        finished as usize,
+        results.len(),
+        "a finished job has no result"
+    );
+    assert_eq!(
+        left + results.len(),
+        jobs_total,
+        "jobs were lost or duplicated"
+    );
     assert_eq!(tx_total % 2, 0, "a transaction was applied in part");
     let info = c.cmd(&["INFO", "transactions"]).as_string().unwrap();
     let field = |name: &str| -> u64 {
@@ -186,7 +208,10 @@ fn run(threads: usize) {
     );
     assert!(field("scripts_fast_path") > 0);
     if threads > 1 {
-        assert!(field("scripts_global_path") > 0, "no script took the global path");
+        assert!(
+            field("scripts_global_path") > 0,
+            "no script took the global path"
+        );
         assert!(field("scripts_restarted") > 0, "no script was restarted");
     }
 }

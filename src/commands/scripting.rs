@@ -55,6 +55,13 @@ fn over_maxmemory(sess: &Session) -> bool {
 }
 
 async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool) {
+    if kind == Kind::Fcall
+        && scripting_mod::registry()
+            .function_flags(&String::from_utf8_lossy(&args[1]))
+            .is_none()
+    {
+        return sess.out.error("ERR Function not found");
+    }
     let numkeys = match std::str::from_utf8(&args[2])
         .ok()
         .and_then(|s| s.parse::<i64>().ok())
@@ -289,7 +296,7 @@ async_handler!(function, |sess, args| {
             match lib {
                 Ok(lib) => {
                     let name = lib.name.clone();
-                    match registry.install(vec![lib], replace) {
+                    match registry.install(vec![lib], replace, true) {
                         Ok(()) => sess.out.bulk(name.as_bytes()),
                         Err(e) => sess.out.error(&e),
                     }
@@ -415,7 +422,7 @@ fn list(sess: &mut Session, args: &[Bytes], libs: Vec<Library>) {
             out.bulk(b"flags");
             out.set(f.flag_names.len());
             for name in &f.flag_names {
-                out.bulk(name.as_bytes());
+                out.simple(name);
             }
         }
         if with_code {
@@ -436,7 +443,9 @@ fn restore(sess: &mut Session, args: &[Bytes]) {
         );
     }
     let Some(codes) = functions::undump(&args[2]) else {
-        return sess.out.error("ERR payload version or checksum are wrong");
+        return sess
+            .out
+            .error("ERR DUMP payload version or checksum are wrong");
     };
     let libs: Result<Vec<Library>, String> = vm::with_vm(|vm| {
         codes
@@ -454,8 +463,8 @@ fn restore(sess: &mut Session, args: &[Bytes]) {
             registry.replace_all(libs);
             Ok(())
         }
-        "replace" => registry.install(libs, true),
-        _ => registry.install(libs, false),
+        "replace" => registry.install(libs, true, false),
+        _ => registry.install(libs, false, false),
     };
     match result {
         Ok(()) => sess.out.ok(),

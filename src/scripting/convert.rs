@@ -185,9 +185,10 @@ fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize) 
         out.buf.extend_from_slice(b"\r\n");
         return;
     }
-    if let Ok(Value::Number(d)) = t.raw_get::<Value>("double") {
-        out.double(d);
-        return;
+    match t.raw_get::<Value>("double") {
+        Ok(Value::Number(d)) => return out.double(d),
+        Ok(Value::Integer(d)) => return out.double(d as f64),
+        _ => {}
     }
     if let Ok(Value::String(s)) = t.raw_get::<Value>("big_number") {
         if out.resp3 {

@@ -53,11 +53,16 @@ impl Registry {
     }
 
     /// Adds libraries, checked together: all go in or none.
-    pub fn install(&self, libs: Vec<Library>, replace: bool) -> Result<(), String> {
+    pub fn install(&self, libs: Vec<Library>, replace: bool, quoted: bool) -> Result<(), String> {
         let mut map = self.lock();
         for lib in &libs {
             if map.contains_key(&lib.name) && !replace {
-                return Err(format!("ERR Library '{}' already exists", lib.name));
+                // FUNCTION LOAD quotes the name, FUNCTION RESTORE does not.
+                return Err(if quoted {
+                    format!("ERR Library '{}' already exists", lib.name)
+                } else {
+                    format!("ERR Library {} already exists", lib.name)
+                });
             }
             for f in &lib.functions {
                 let clash = map
@@ -145,6 +150,7 @@ pub fn register_function(_lua: &Lua, args: MultiValue) -> mlua::Result<()> {
             let description: Option<String> = t.get("description")?;
             (name, cb, flags, description)
         }
+        [_] => return fail("calling redis.register_function with a single argument is only applicable to Lua table (representing named arguments)."),
         _ => return fail("wrong number of arguments to redis.register_function"),
     };
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
@@ -203,29 +209,25 @@ fn evaluate(vm: &Vm, code: &[u8]) -> Result<Vec<(FunctionInfo, Function)>, Strin
     let mut body = b" ".to_vec();
     body.extend_from_slice(&code[end..]);
     let chunk = vm
-        .load_chunk(&body, "@user_function")
+        .load_chunk(&body, "@user_function", true)
         .map_err(|e| format!("ERR Error compiling function: {e}"))?;
     LOADING.with(|l| {
         *l.borrow_mut() = Some(Loading {
             functions: Vec::new(),
         })
     });
-    let result = chunk.call::<()>(());
+    let result = vm.run_script(&chunk);
     let loading = LOADING.with(|l| l.borrow_mut().take()).expect("set above");
-    if let Err(e) = result {
-        return Err(format!(
-            "ERR Error registering functions: {}",
-            lua_error_text(&e)
-        ));
-    }
-    Ok(loading.functions)
-}
-
-fn lua_error_text(e: &mlua::Error) -> String {
-    match e {
-        mlua::Error::CallbackError { cause, .. } => lua_error_text(cause),
-        mlua::Error::RuntimeError(m) => m.clone(),
-        other => other.to_string(),
+    match result {
+        Err(e) => Err(format!("ERR Error registering functions: {e}")),
+        Ok(Err(Value::Table(t))) => {
+            let msg: String = t
+                .raw_get("err")
+                .unwrap_or_else(|_| "ERR unknown error".into());
+            Err(format!("ERR Error registering functions: {msg}"))
+        }
+        Ok(Err(_)) => Err("ERR Error registering functions: ERR unknown error".into()),
+        Ok(Ok(_)) => Ok(loading.functions),
     }
 }
 
@@ -300,10 +302,9 @@ pub fn undump(payload: &[u8]) -> Option<Vec<Vec<u8>>> {
             return None;
         }
         pos += 1;
-        let (len, used) = get_rdb_len(&records[pos..])?;
+        let (code, used) = get_rdb_string(&records[pos..])?;
+        codes.push(code);
         pos += used;
-        codes.push(records.get(pos..pos + len)?.to_vec());
-        pos += len;
     }
     Some(codes)
 }
@@ -318,6 +319,48 @@ fn put_rdb_len(out: &mut Vec<u8>, len: usize) {
         out.push(0x80);
         out.extend_from_slice(&(len as u32).to_be_bytes());
     }
+}
+
+/// An RDB string: plain, or LZF-compressed (marker 0xC3) as Redis writes long ones.
+fn get_rdb_string(b: &[u8]) -> Option<(Vec<u8>, usize)> {
+    if *b.first()? == 0xC3 {
+        let (clen, u1) = get_rdb_len(&b[1..])?;
+        let (len, u2) = get_rdb_len(&b[1 + u1..])?;
+        let start = 1 + u1 + u2;
+        let data = lzf_decompress(b.get(start..start + clen)?, len)?;
+        return Some((data, start + clen));
+    }
+    let (len, used) = get_rdb_len(b)?;
+    Some((b.get(used..used + len)?.to_vec(), used + len))
+}
+
+/// LZF decompression: runs of literals and back references, checked against `len`.
+fn lzf_decompress(input: &[u8], len: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(len);
+    let mut i = 0;
+    while i < input.len() {
+        let ctrl = input[i] as usize;
+        i += 1;
+        if ctrl < 32 {
+            let n = ctrl + 1;
+            out.extend_from_slice(input.get(i..i + n)?);
+            i += n;
+        } else {
+            let mut n = ctrl >> 5;
+            if n == 7 {
+                n += *input.get(i)? as usize;
+                i += 1;
+            }
+            let back = ((ctrl & 0x1f) << 8) + *input.get(i)? as usize + 1;
+            i += 1;
+            let from = out.len().checked_sub(back)?;
+            for k in 0..n + 2 {
+                let byte = out[from + k];
+                out.push(byte);
+            }
+        }
+    }
+    (out.len() == len).then_some(out)
 }
 
 fn get_rdb_len(b: &[u8]) -> Option<(usize, usize)> {

@@ -55,7 +55,9 @@ pub fn parse_shebang(body: &[u8]) -> Result<(ScriptFlags, Bytes), String> {
     if !body.starts_with(b"#!") {
         return Ok((ScriptFlags::default(), Bytes::copy_from_slice(body)));
     }
-    let end = body.iter().position(|&b| b == b'\n').unwrap_or(body.len());
+    let Some(end) = body.iter().position(|&b| b == b'\n') else {
+        return Err("ERR Invalid script shebang".into());
+    };
     let line = String::from_utf8_lossy(&body[..end]).into_owned();
     let mut words = line.split(' ').filter(|w| !w.is_empty());
     let engine = words.next().unwrap_or("");

@@ -46,7 +46,7 @@ pub struct Running {
     /// Shards other than this one that the script changed, to serve their blocked
     /// clients once it ends.
     pub touched_remote: Vec<usize>,
-    /// Events of calls on other shards, in call order.
+    /// Events of the script once it has called another shard, in call order.
     pub remote_events: Vec<KeyEvent>,
     pub escalated: bool,
     pub started: Instant,
@@ -275,7 +275,7 @@ pub fn redis_call(lua: &Lua, args: MultiValue) -> mlua::Result<(Value, bool)> {
             b"ERR Wrong number of args calling Redis command from script",
         );
     }
-    if cmd.has(flags::NOSCRIPT) {
+    if cmd.has(flags::NOSCRIPT) || subcommand_has(cmd, &argv, "noscript") {
         return err_table(lua, b"ERR This Redis command is not allowed from script");
     }
     if !cmd.subcommands.is_empty() {
@@ -291,10 +291,9 @@ pub fn redis_call(lua: &Lua, args: MultiValue) -> mlua::Result<(Value, bool)> {
         if run.restart {
             return Err(b"ERR Kite: the script is being moved to the global path".to_vec());
         }
-        if cmd.has(flags::WRITE) {
-            if run.read_only {
-                return Err(b"ERR Write commands are not allowed from read-only scripts.".to_vec());
-            }
+        // PUBLISH and the like replicate, so read-only scripts may not call them either.
+        if run.read_only && (cmd.has(flags::WRITE) || cmd.has(flags::MAY_REPLICATE)) {
+            return Err(b"ERR Write commands are not allowed from read-only scripts.".to_vec());
         }
         if run.check_oom
             && !run.wrote
@@ -325,6 +324,17 @@ pub fn redis_call(lua: &Lua, args: MultiValue) -> mlua::Result<(Value, bool)> {
     }
 }
 
+/// Whether the subcommand called (SCRIPT FLUSH...) carries `flag` in the table.
+fn subcommand_has(cmd: &Command, argv: &[Bytes], flag: &str) -> bool {
+    if cmd.subcommands.is_empty() || argv.len() < 2 {
+        return false;
+    }
+    let sub = String::from_utf8_lossy(&argv[1]).to_ascii_lowercase();
+    cmd.subcommands
+        .iter()
+        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == flag))
+}
+
 fn over_maxmemory(shared: &Shared) -> bool {
     let max = shared.tunables.maxmemory.load(Ordering::Relaxed);
     max > 0 && shared.used_memory.load(Ordering::Relaxed) as u64 > max
@@ -342,9 +352,7 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
         let s = worker.shard_of(&argv[p]);
         match target {
             None => target = Some(s),
-            Some(t) if t != s => {
-                return Err(b"ERR Kite cannot run a command whose keys live on different shards inside a script; give the keys one {hashtag}".to_vec())
-            }
+            Some(t) if t != s => return spread(run, cmd, argv, &positions),
             _ => {}
         }
     }
@@ -374,6 +382,9 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
         exec_here(&mut shard, cmd, f, argv, db, &mut reply, no_touch);
         return Ok(reply);
     }
+    // Events keep call order: what this shard recorded so far goes first.
+    let local = std::mem::take(&mut worker.shard.borrow_mut().events);
+    run.remote_events.extend(local);
     let args = argv.to_vec();
     let (reply, events) = sync_call(&worker, target, move |w| {
         let mut reply = Reply::new(resp3);
@@ -387,6 +398,100 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
         run.touched_remote.push(target);
     }
     Ok(reply)
+}
+
+/// A command whose keys live on several shards. The ones made of independent per-key
+/// parts (MGET, MSET, DEL, UNLINK, EXISTS, TOUCH) run as one part per shard, once the
+/// script holds every shard or has escalated; others need the keys on one shard.
+fn spread(
+    run: &mut Running,
+    cmd: &'static Command,
+    argv: &[Bytes],
+    positions: &[usize],
+) -> Result<Reply, Vec<u8>> {
+    let splittable = matches!(
+        cmd.name,
+        "mget" | "mset" | "del" | "unlink" | "exists" | "touch"
+    );
+    if !splittable {
+        return Err(format!(
+            "ERR Kite cannot run '{}' with keys on different shards inside a script; give its keys one {{hashtag}}",
+            cmd.name
+        )
+        .into_bytes());
+    }
+    if !run.global {
+        if !run.wrote {
+            run.restart = true;
+            return Err(b"ERR Kite: the script is being moved to the global path".to_vec());
+        }
+        run.escalated = true;
+    }
+    let worker = run.worker.clone();
+    let per_key = if cmd.name == "mset" { 2 } else { 1 };
+    // Parts in shard order, each remembering which keys (by index) it holds.
+    let mut parts: Vec<(usize, Vec<Bytes>, Vec<usize>)> = Vec::new();
+    for (i, &p) in positions.iter().enumerate() {
+        let s = worker.shard_of(&argv[p]);
+        let part = match parts.iter_mut().position(|x| x.0 == s) {
+            Some(n) => &mut parts[n],
+            None => {
+                parts.push((s, vec![argv[0].clone()], Vec::new()));
+                parts.last_mut().expect("just pushed")
+            }
+        };
+        part.1.extend_from_slice(&argv[p..p + per_key]);
+        part.2.push(i);
+    }
+    let mut values: Vec<Option<Vec<u8>>> = vec![None; positions.len()];
+    let mut total = 0i64;
+    for (shard, args, idx) in parts {
+        let reply = dispatch(run, cmd, &args)?;
+        let parsed = &reply.buf[..];
+        if parsed.first() == Some(&b'-') {
+            return Ok(reply);
+        }
+        match cmd.name {
+            "mget" => {
+                // An array of bulk strings or nils, one per key of this part.
+                let mut pos = parsed.iter().position(|&b| b == b'\n').map_or(0, |n| n + 1);
+                for &i in &idx {
+                    let end = pos + parsed[pos..].iter().position(|&b| b == b'\n').unwrap_or(0) + 1;
+                    let header = &parsed[pos..end];
+                    if header.starts_with(b"$-1") || header.starts_with(b"_") {
+                        pos = end;
+                    } else {
+                        let len: usize = std::str::from_utf8(&header[1..header.len() - 2])
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
+                        values[i] = Some(parsed[end..end + len].to_vec());
+                        pos = end + len + 2;
+                    }
+                }
+            }
+            "mset" => {}
+            _ => {
+                total += std::str::from_utf8(&parsed[1..parsed.len() - 2])
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        let _ = shard;
+    }
+    let mut out = Reply::new(run.resp3);
+    match cmd.name {
+        "mget" => {
+            out.array(values.len());
+            for v in &values {
+                out.opt_bulk(v.as_deref());
+            }
+        }
+        "mset" => out.ok(),
+        _ => out.int(total),
+    }
+    Ok(out)
 }
 
 /// Commands without keys that scripts commonly call.

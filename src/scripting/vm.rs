@@ -22,6 +22,8 @@ pub struct Vm {
     setfenv: Function,
     run_script: Function,
     run_function: Function,
+    /// The environment of FUNCTION libraries (with `redis.register_function`).
+    lib_env: Table,
     compiled: HashMap<String, Function>,
     /// FCALL's functions as loaded on this thread, and the library generation they are.
     pub functions: HashMap<String, Function>,
@@ -90,7 +92,20 @@ local getinfo, type, tostring, error, rawget, setmetatable, xpcall, setfenv, loa
 for _, name in ipairs(names) do
   real[name] = _G[name]
 end
-real.os = { clock = os.clock }
+
+-- Redis's pcall hands back the message of an {err=...} error, not the table.
+local pcall_raw = pcall
+local function pcall_result(ok, ...)
+  if ok then return ok, ... end
+  local e = ...
+  if type(e) == "table" and (type(e.err) == "string" or type(e.err) == "number") then
+    return false, e.err
+  end
+  return false, e
+end
+real.pcall = function(...)
+  return pcall_result(pcall_raw(...))
+end
 
 local function deny_write()
   error("Attempt to modify a readonly table", 2)
@@ -121,6 +136,14 @@ local function handler(err)
 end
 real.__redis__err__handler = handler
 
+-- FUNCTION libraries see the same globals, except that their `redis` also has
+-- register_function; EVAL scripts do not see it at all.
+local redis_base = real.redis
+local lib_redis = {}
+for k, v in pairs(redis_base) do lib_redis[k] = v end
+redis_base.register_function = nil
+local lib_globals = { redis = readonly(lib_redis) }
+
 local env = setmetatable({}, {
   __index = function(_, key)
     local value = rawget(real, key)
@@ -143,7 +166,7 @@ real.load = function(chunk, name)
   if f then setfenv(f, env) end
   return f, e
 end
-for _, name in ipairs({ "string", "table", "math", "coroutine", "bit", "cjson", "cmsgpack", "struct", "redis", "os" }) do
+for _, name in ipairs({ "string", "table", "math", "coroutine", "bit", "cjson", "cmsgpack", "struct", "redis" }) do
   if real[name] ~= nil then real[name] = readonly(real[name]) end
 end
 
@@ -153,7 +176,19 @@ end
 local function run_function(callback, keys, args)
   return xpcall(function() return callback(keys, args) end, handler)
 end
-return env, run_script, run_function, setfenv
+local lib_env = setmetatable({}, {
+  __index = function(_, key)
+    local value = rawget(lib_globals, key)
+    if value == nil then value = rawget(real, key) end
+    if value == nil then
+      error("Script attempted to access nonexistent global variable '" .. tostring(key) .. "'", 2)
+    end
+    return value
+  end,
+  __newindex = deny_write,
+  __metatable = false,
+})
+return env, run_script, run_function, setfenv, lib_env
 "#;
 
 /// The message of an error raised by Rust code (a callback's own text, without mlua's
@@ -209,7 +244,7 @@ impl Vm {
         // The debug library is loaded for the error handler only; scripts never see it.
         let lua = unsafe {
             Lua::unsafe_new_with(
-                StdLib::TABLE | StdLib::STRING | StdLib::MATH | StdLib::OS | StdLib::DEBUG,
+                StdLib::TABLE | StdLib::STRING | StdLib::MATH | StdLib::DEBUG,
                 LuaOptions::new(),
             )
         };
@@ -225,12 +260,17 @@ impl Vm {
         }
         real.raw_set("redis", redis)?;
         let names = lua.create_sequence_from(BASE_GLOBALS.iter().copied())?;
-        let (env, run_script, run_function, setfenv): (Table, Function, Function, Function) =
-            lua.load(SETUP).set_name("=kite").call((
-                real.clone(),
-                names,
-                lua.create_function(|_, e: Value| Ok(error_text(&e)))?,
-            ))?;
+        let (env, run_script, run_function, setfenv, lib_env): (
+            Table,
+            Function,
+            Function,
+            Function,
+            Table,
+        ) = lua.load(SETUP).set_name("=kite").call((
+            real.clone(),
+            names,
+            lua.create_function(|_, e: Value| Ok(error_text(&e)))?,
+        ))?;
         run::install_hook(&lua);
         Ok(Vm {
             lua,
@@ -239,6 +279,7 @@ impl Vm {
             setfenv,
             run_script,
             run_function,
+            lib_env,
             compiled: HashMap::new(),
             functions: HashMap::new(),
             functions_generation: 0,
@@ -252,14 +293,14 @@ impl Vm {
             return Ok(f.clone());
         }
         let f = self
-            .load_chunk(body, "@user_script")
+            .load_chunk(body, "@user_script", false)
             .map_err(|e| format!("ERR Error compiling script (new function): {}", e))?;
         self.compiled.insert(sha.to_string(), f.clone());
         Ok(f)
     }
 
     /// Loads `body` under the sandbox. The error is Lua's message alone.
-    pub fn load_chunk(&self, body: &[u8], name: &str) -> Result<Function, String> {
+    pub fn load_chunk(&self, body: &[u8], name: &str, library: bool) -> Result<Function, String> {
         let f = self
             .lua
             .load(body)
@@ -270,7 +311,14 @@ impl Vm {
                 other => other.to_string(),
             })?;
         self.setfenv
-            .call::<()>((f.clone(), self.env.clone()))
+            .call::<()>((
+                f.clone(),
+                if library {
+                    self.lib_env.clone()
+                } else {
+                    self.env.clone()
+                },
+            ))
             .map_err(|e| e.to_string())?;
         Ok(f)
     }

@@ -63,3 +63,70 @@ trap fw_cleanup EXIT
 fw_configs() {
     if [ "$FW_SERVER" = "redis" ]; then echo 1; else echo "$FW_THREADS"; fi
 }
+
+fw_sudo() {
+    if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then sudo "$@"; else "$@"; fi
+}
+
+# fw_apt_install PKG...: installs Debian packages (one apt-get update per run).
+FW_APT_UPDATED=0
+fw_apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$FW_APT_UPDATED" -eq 0 ]; then
+        fw_log "apt-get update"
+        fw_sudo apt-get update -qq >/dev/null
+        FW_APT_UPDATED=1
+    fi
+    fw_log "apt-get install -y $*"
+    fw_sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# fw_npm_ci DIR: installs DIR's pinned npm dependencies (package-lock.json) when
+# DIR/node_modules is missing; installs node and npm from Debian when they are.
+fw_npm_ci() {
+    local dir="$1"
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        fw_apt_install nodejs npm
+    fi
+    if [ ! -d "$dir/node_modules" ]; then
+        fw_log "npm ci in $dir"
+        local out
+        out="$(mktemp -t fw-npm.XXXXXX)"
+        if ! (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >"$out" 2>&1); then
+            grep -m 3 -E 'npm error (code|Missing|404)' "$out" >&2 || tail -n 5 "$out" >&2
+            # npm ci refuses a lock file that lacks optional packages for other platforms
+            # (msgpackr-extract-darwin-...), which a registry mirror without them yields.
+            # npm install takes the same pinned versions from the lock; the committed
+            # lock file is put back as it was.
+            fw_log "npm ci failed; npm install from the same lock file"
+            cp "$dir/package-lock.json" "$dir/.package-lock.json.orig"
+            local rc=0
+            (cd "$dir" && npm install --no-audit --no-fund --loglevel=error >&2) || rc=$?
+            mv -f "$dir/.package-lock.json.orig" "$dir/package-lock.json"
+            rm -f "$out"
+            return "$rc"
+        fi
+        rm -f "$out"
+    fi
+}
+
+# fw_run_configs CMD...: runs CMD once per configuration against a fresh server, with
+# FW_URL, FW_PORT and FW_CONFIG (a label such as "kite --threads 4") exported. Shows the
+# end of the server's log when CMD fails. Returns non-zero when any run failed.
+fw_run_configs() {
+    local threads status=0
+    for threads in $(fw_configs); do
+        fw_start_server "$threads" || { status=1; continue; }
+        if [ "$FW_SERVER" = "redis" ]; then FW_CONFIG="redis-server"; else FW_CONFIG="kite --threads $threads"; fi
+        export FW_URL FW_PORT FW_CONFIG
+        fw_log "$FW_CONFIG on port $FW_PORT"
+        if ! "$@"; then
+            status=1
+            fw_log "FAILED against $FW_CONFIG; end of the server log:"
+            tail -n 20 "$FW_LOG" >&2 || true
+        fi
+        fw_stop_server
+        rm -f "$FW_LOG"
+    done
+    return "$status"
+}
