@@ -9,11 +9,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 FW_NAME=bullmq
 . "$HERE/../lib.sh"
 
-command -v node >/dev/null 2>&1 || { echo "node not found: apt-get install -y nodejs npm" >&2; exit 1; }
-if [ ! -d "$HERE/node_modules/bullmq" ] || [ ! -d "$HERE/node_modules/ioredis" ]; then
-    fw_log "npm ci"
-    (cd "$HERE" && npm ci --no-audit --no-fund --loglevel=error >&2)
-fi
+fw_npm_ci "$HERE"
 if [ "$FW_SERVER" != "redis" ] && [ ! -x "$KITE_BIN" ]; then
     echo "Kite binary not found at $KITE_BIN: cargo build --release" >&2
     exit 1
@@ -30,9 +26,11 @@ for threads in $(fw_configs); do
         fw_log "$label (port $FW_PORT)"
         if ! timeout "${FW_SUITE_TIMEOUT:-600}" node "$HERE/suite.mjs" "$FW_URL" "$prefix" "$@"; then
             failed+=("$label")
-            fw_log "FAILED: $label (server log: $FW_LOG)"
+            fw_log "FAILED: $label; end of the server log:"
+            tail -n 20 "$FW_LOG" >&2 || true
         fi
         fw_stop_server
+        rm -f "$FW_LOG"
     done
 done
 if [ "${#failed[@]}" -ne 0 ]; then
