@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every Kite test: `cargo test --release` (unit, integration, differential,
-# malformed-input and concurrency suites) and the real-client suites in tests/clients.
+# malformed-input, scripting and concurrency suites), the redis-py suite in
+# tests/clients, and the job-framework suites in tests/frameworks (BullMQ, Bull,
+# bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry).
 #
 # Works on a fresh Debian machine as root: installs what is missing (redis-server for
 # the differential tests, redis-py and pytest for the client tests) and skips what is
@@ -141,5 +143,25 @@ if [ "$status" -ne 0 ]; then
     echo "--- server output ---" >&2
     tail -n 50 "$SERVER_LOG" >&2 || true
     exit "$status"
+fi
+cleanup
+trap - EXIT
+
+# --- job frameworks, each from its own registry (tests/frameworks/*/run.sh) ---------------
+# Each suite installs its framework, starts its own servers (Kite --threads 1 and 4) and
+# checks end results. KITE_SKIP_FRAMEWORKS=1 skips them (a quick local run).
+if [ -z "${KITE_SKIP_FRAMEWORKS:-}" ]; then
+    case "$BIN" in *redis-server) export FW_SERVER=redis ;; esac
+    failed=()
+    for suite in bullmq bull bee-queue sidekiq celery rq; do
+        log "framework suite: $suite"
+        if ! KITE_BIN="$BIN" bash "tests/frameworks/$suite/run.sh"; then
+            failed+=("$suite")
+        fi
+    done
+    if [ "${#failed[@]}" -gt 0 ]; then
+        echo "framework suites failed: ${failed[*]}" >&2
+        exit 1
+    fi
 fi
 log "all tests passed"

@@ -142,7 +142,12 @@ fw_python_venv() {
         return 0
     fi
     fw_log "installing $(basename "$req") into $FW_VENV"
-    python3 -m venv "$FW_VENV"
+    if ! python3 -m venv "$FW_VENV" >/dev/null 2>&1; then
+        # Debian splits venv (and its pip) out of python3.
+        rm -rf "$FW_VENV"
+        fw_apt_install python3-venv python3-pip
+        python3 -m venv "$FW_VENV"
+    fi
     "$FW_VENV/bin/pip" install --quiet --disable-pip-version-check -r "$req"
     cp "$req" "$stamp"
 }
