@@ -297,14 +297,10 @@ pub static PARAMS: &[Param] = &[
         false,
     ),
     p("no-appendfsync-on-rewrite", YESNO, "no", true, false),
-    p("lua-time-limit", Kind::Int(0, I64MAX), "5000", true, false),
-    p(
-        "busy-reply-threshold",
-        Kind::Int(0, I64MAX),
-        "5000",
-        true,
-        false,
-    ),
+    Param {
+        alias: Some("lua-time-limit"),
+        ..p("busy-reply-threshold", Kind::Int(0, I64MAX), "5000", true, true)
+    },
     p("cluster-enabled", YESNO, "no", false, false),
     p("io-threads", Kind::Int(1, 128), "1", false, false),
     p("io-threads-do-reads", YESNO, "no", false, false),
