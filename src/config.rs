@@ -299,7 +299,13 @@ pub static PARAMS: &[Param] = &[
     p("no-appendfsync-on-rewrite", YESNO, "no", true, false),
     Param {
         alias: Some("lua-time-limit"),
-        ..p("busy-reply-threshold", Kind::Int(0, I64MAX), "5000", true, true)
+        ..p(
+            "busy-reply-threshold",
+            Kind::Int(0, I64MAX),
+            "5000",
+            true,
+            true,
+        )
     },
     p("cluster-enabled", YESNO, "no", false, false),
     p("io-threads", Kind::Int(1, 128), "1", false, false),

@@ -1430,3 +1430,122 @@ fn function_restore_reads_a_redis_payload() {
     assert_eq!(kc.cmd(&restore), Resp::ok());
     assert_eq!(kc.cmd(&["FCALL", "fr", "0", "x"]), Resp::bulk("r:x"));
 }
+
+/// Hostile scripts get an error and the server keeps serving: unbounded recursion, an
+/// allocation past the interpreter's memory limit, garbage and NUL bytes as code, a
+/// result nested deeper than the reply converter follows, a client that leaves while its
+/// script runs.
+#[test]
+fn hostile_scripts_get_errors_not_crashes() {
+    if kite_is_redis() {
+        return;
+    }
+    let kite = KiteServer::start(&[], 2);
+    let mut c = kite.client();
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (
+            b"local function f() return f() + 1 end return f()".to_vec(),
+            "stack overflow",
+        ),
+        (
+            b"return string.rep('x', 2^30 + 2^29)".to_vec(),
+            "not enough memory",
+        ),
+        (
+            b"local t = {} for i = 1, 1e9 do t[i] = string.rep('y', 1048576) .. i end".to_vec(),
+            "not enough memory",
+        ),
+        (
+            b"\x00\x01\x02 garbage \xff".to_vec(),
+            "Error compiling script",
+        ),
+        (vec![b'('; 100_000], "Error compiling script"),
+    ];
+    for (body, want) in cases {
+        let r = c.cmd(&[b"EVAL".as_slice(), &body, b"0"]);
+        let text = r
+            .error_text()
+            .unwrap_or_else(|| panic!("expected an error, got {r}"));
+        assert!(text.contains(want), "{text:.200} should mention {want}");
+        assert_eq!(c.cmd(&["PING"]), Resp::simple("PONG"));
+    }
+    // Nesting past the converter's depth ends in an error element, never a broken reply.
+    let r = c.cmd(&[
+        "EVAL",
+        "local t = {} local cur = t for i = 1, 2000 do local n = {} cur[1] = n cur = n end return t",
+        "0",
+    ]);
+    assert!(!matches!(r, Resp::Error(_)) || r.error_text().is_some());
+    assert_eq!(c.cmd(&["PING"]), Resp::simple("PONG"));
+    // A client that disconnects while its script runs: the script's write still happens
+    // once, and the server carries on.
+    let mut gone = kite.client();
+    gone.send(&[
+        "EVAL",
+        "local x = 0 for i = 1, 3e7 do x = x + i end redis.call('incr', KEYS[1]) return x",
+        "1",
+        "left:counter",
+    ]);
+    drop(gone);
+    wait_until("the abandoned script's write", || {
+        c.cmd(&["GET", "left:counter"]).parse_int() == Some(1)
+    });
+    assert_eq!(c.cmd(&["PING"]), Resp::simple("PONG"));
+}
+
+/// Past busy-reply-threshold, clients on other threads get BUSY; SCRIPT KILL stops a
+/// script that has not written, and refuses (UNKILLABLE) one that has.
+#[test]
+fn busy_scripts_answer_busy_and_die_by_script_kill() {
+    if kite_is_redis() {
+        return;
+    }
+    let kite = KiteServer::start(&[], 2);
+    // Connections are dealt to threads in turn: `runner` and `other` land on different
+    // threads, so `other` can talk while the runner's thread is busy.
+    let mut runner = kite.client();
+    let mut other = kite.client();
+    assert_eq!(
+        other.cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"]),
+        Resp::ok()
+    );
+    runner.send(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"]);
+    wait_until("BUSY for other clients", || {
+        other
+            .cmd(&["PING"])
+            .error_text()
+            .is_some_and(|e| e.starts_with("BUSY "))
+    });
+    assert_eq!(other.cmd(&["SCRIPT", "KILL"]), Resp::ok());
+    let r = runner.read();
+    assert!(
+        r.error_text()
+            .is_some_and(|e| e.contains("Script killed by user")),
+        "{r}"
+    );
+    assert_eq!(other.cmd(&["PING"]), Resp::simple("PONG"));
+    assert_eq!(
+        other.cmd(&["SCRIPT", "KILL"]).error_text(),
+        Some("NOTBUSY No scripts in execution right now.")
+    );
+    // A script that wrote cannot be killed; it ends on its own here (bounded loop).
+    runner.send(&[
+        "EVAL",
+        "redis.call('set', 'busy:w', '1') local x = 0 for i = 1, 4e8 do x = x + 1 end return x",
+        "0",
+    ]);
+    wait_until("BUSY for the writing script", || {
+        other
+            .cmd(&["PING"])
+            .error_text()
+            .is_some_and(|e| e.starts_with("BUSY "))
+    });
+    let kill = other.cmd(&["SCRIPT", "KILL"]);
+    assert!(
+        kill.error_text()
+            .is_some_and(|e| e.starts_with("UNKILLABLE ")),
+        "{kill}"
+    );
+    runner.set_timeout(Some(std::time::Duration::from_secs(120)));
+    assert_eq!(runner.read().as_int(), Some(400_000_000));
+}

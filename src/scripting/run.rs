@@ -147,6 +147,7 @@ pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
         super::vm::reset();
         Err("ERR Kite: the script engine failed on this script".to_string())
     });
+    super::vm::collect_if_large();
     mark_busy(worker, false);
     let run = RUN.with(|r| r.borrow_mut().take()).expect("set above");
     let label = match &job.body {
@@ -213,9 +214,19 @@ pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
 
 /// The error reply for a script that raised: its message, then where it was raised.
 fn error_reply(e: &Value, label: &str, out: &mut Reply) {
-    let Value::Table(t) = e else {
-        out.error("ERR unknown error");
-        return;
+    let t = match e {
+        Value::Table(t) => t,
+        // Errors the handler never saw: out of memory.
+        Value::String(s) => {
+            let mut text = b"ERR ".to_vec();
+            text.extend_from_slice(&s.as_bytes());
+            out.error_bytes(&text);
+            return;
+        }
+        _ => {
+            out.error("ERR unknown error");
+            return;
+        }
     };
     let msg: Option<mlua::String> = t.raw_get("err").ok();
     let Some(msg) = msg else {

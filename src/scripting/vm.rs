@@ -207,6 +207,21 @@ fn error_text(e: &Value) -> String {
     }
 }
 
+/// Memory one thread's interpreter may hold.
+const LUA_MEMORY_LIMIT: usize = 1 << 30;
+
+/// Lua 5.1 has no emergency collection: after a script that left much garbage (one that
+/// ran out of memory, say), collect at once so the next script has room.
+pub fn collect_if_large() {
+    VM.with(|cell| {
+        if let Some(vm) = cell.borrow().as_ref() {
+            if vm.lua.used_memory() > LUA_MEMORY_LIMIT / 4 {
+                let _ = vm.lua.gc_collect();
+            }
+        }
+    });
+}
+
 const RAW_CALL_KEY: &str = "kite.raw_call";
 
 /// `redis.call` is a C function, as in Redis: a command error is raised as the `{err=}`
@@ -249,6 +264,9 @@ impl Vm {
             )
         };
         super::libs::register(&lua)?;
+        // A script that allocates without end gets "not enough memory" instead of taking
+        // the machine's memory.
+        lua.set_memory_limit(LUA_MEMORY_LIMIT)?;
         let real = lua.create_table()?;
         let redis = run::redis_api(&lua)?;
         let raw_call = lua.create_function(|lua, args: MultiValue| run::redis_call(lua, args))?;

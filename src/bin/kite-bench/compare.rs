@@ -35,7 +35,7 @@ pub struct CompareArgs {
     /// Extra arguments for Kite, split on spaces.
     #[arg(long, default_value = "")]
     pub kite_args: String,
-    /// Workloads: drain, brpop-keys, ops, latency, memory.
+    /// Workloads: drain, brpop-keys, ops, latency, memory, bullmq-add, bullmq-process.
     #[arg(long, value_delimiter = ',', default_value = "drain,brpop-keys,ops")]
     pub workloads: Vec<String>,
     /// Repetitions; each starts every server afresh.
@@ -72,6 +72,12 @@ pub struct CompareArgs {
     /// ops: requests per case [default: 100000 × min(pipeline, 8)].
     #[arg(long, default_value_t = 0)]
     pub ops_requests: u64,
+    /// bullmq-add: seconds of adding per run.
+    #[arg(long, default_value_t = 5.0)]
+    pub bullmq_seconds: f64,
+    /// bullmq-process: jobs per queue (4 queues).
+    #[arg(long, default_value_t = 5000)]
+    pub bullmq_jobs: u64,
     /// latency: pushes per second.
     #[arg(long, default_value_t = 2000)]
     pub latency_rate: u64,
@@ -293,9 +299,39 @@ fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -
                     keep: false,
                 },
             )?),
+            // BullMQ through the real library, with the default prefix and with a
+            // hashtag prefix.
+            "bullmq-add" => {
+                for hashtag in [false, true] {
+                    each(crate::scripts::bullmq(
+                        t,
+                        &crate::scripts::BullmqArgs {
+                            queues: 4,
+                            workers: 4,
+                            concurrency: 32,
+                            seconds: a.bullmq_seconds,
+                            hashtag,
+                        },
+                    )?);
+                }
+            }
+            "bullmq-process" => {
+                for hashtag in [false, true] {
+                    each(crate::scripts::bullmq_process(
+                        t,
+                        &crate::scripts::BullmqProcessArgs {
+                            queues: 4,
+                            jobs: a.bullmq_jobs,
+                            workers: 2,
+                            concurrency: 50,
+                            hashtag,
+                        },
+                    )?);
+                }
+            }
             other => {
                 return Err(io::Error::other(format!(
-                    "unknown workload {other} (drain, brpop-keys, ops, latency, memory)"
+                    "unknown workload {other} (drain, brpop-keys, ops, latency, memory, bullmq-add, bullmq-process)"
                 )))
             }
         }
@@ -738,6 +774,8 @@ mod tests {
             latency_rate: 0,
             latency_seconds: 0.0,
             memory_jobs: 0,
+            bullmq_seconds: 0.0,
+            bullmq_jobs: 0,
         };
         let t = table(
             &runs,

@@ -66,6 +66,8 @@ enum Cmd {
     Memory(MemoryArgs),
     /// BullMQ's Queue.add from Node worker threads (bench/bullmq; needs scripting).
     BullmqAdd(scripts::BullmqArgs),
+    /// BullMQ Workers processing jobs added beforehand (bench/bullmq; needs scripting).
+    BullmqProcess(scripts::BullmqProcessArgs),
     /// Real Sidekiq processes draining pushed jobs (bench/sidekiq).
     SidekiqDrain(scripts::SidekiqArgs),
     /// Start Kite and redis-server, run workloads against each, tabulate the ratios.
@@ -332,6 +334,7 @@ fn main() -> ExitCode {
             Cmd::Latency(a) => run_latency(&t, a).map(&mut each),
             Cmd::Memory(a) => run_memory(&t, a).map(&mut each),
             Cmd::BullmqAdd(a) => scripts::bullmq(&t, a).map(&mut each),
+            Cmd::BullmqProcess(a) => scripts::bullmq_process(&t, a).map(&mut each),
             Cmd::SidekiqDrain(a) => scripts::sidekiq(&t, a).map(&mut each),
             Cmd::Compare(_) => unreachable!(),
         };

@@ -30,6 +30,25 @@ pub struct BullmqArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct BullmqProcessArgs {
+    /// Queues, filled before the measured part.
+    #[arg(long, default_value_t = 4)]
+    pub queues: usize,
+    /// Jobs per queue.
+    #[arg(long, default_value_t = 5000)]
+    pub jobs: u64,
+    /// Node worker threads, each running one BullMQ Worker per queue.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Concurrency of each BullMQ Worker.
+    #[arg(long, default_value_t = 50)]
+    pub concurrency: usize,
+    /// Give each queue a `{hashtag}` prefix instead of BullMQ's default `bull`.
+    #[arg(long)]
+    pub hashtag: bool,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct SidekiqArgs {
     /// Queues; one sidekiq process each.
     #[arg(long, default_value_t = 1)]
@@ -44,6 +63,16 @@ pub struct SidekiqArgs {
 
 /// Runs a script, passing its stderr through, and parses the last JSON line it printed.
 fn run_script(script: &std::path::Path, args: &[String], t: &Target) -> io::Result<String> {
+    run_script_with(script, None, args, t)
+}
+
+/// `run_script` with a first argument naming what the script runs (`process`).
+fn run_script_with(
+    script: &std::path::Path,
+    what: Option<&str>,
+    args: &[String],
+    t: &Target,
+) -> io::Result<String> {
     if !script.is_file() {
         return Err(io::Error::other(format!(
             "{} not found (run from the repository root)",
@@ -51,8 +80,11 @@ fn run_script(script: &std::path::Path, args: &[String], t: &Target) -> io::Resu
         )));
     }
     let mut cmd = Command::new("bash");
-    cmd.arg(script)
-        .arg("--host")
+    cmd.arg(script);
+    if let Some(w) = what {
+        cmd.arg(w);
+    }
+    cmd.arg("--host")
         .arg(t.addr.ip().to_string())
         .arg("--port")
         .arg(t.addr.port().to_string())
@@ -150,6 +182,43 @@ pub fn bullmq(t: &Target, a: &BullmqArgs) -> io::Result<RunResult> {
         ("workers".into(), a.workers.into()),
         ("concurrency".into(), a.concurrency.into()),
         ("seconds".into(), a.seconds.into()),
+        ("hashtag".into(), a.hashtag.into()),
+    ];
+    Ok(r)
+}
+
+pub fn bullmq_process(t: &Target, a: &BullmqProcessArgs) -> io::Result<RunResult> {
+    let script = crate::bench_dir().join("bullmq/run.sh");
+    let mut args = vec![
+        "--queues".into(),
+        a.queues.to_string(),
+        "--jobs".into(),
+        a.jobs.to_string(),
+        "--workers".into(),
+        a.workers.to_string(),
+        "--concurrency".into(),
+        a.concurrency.to_string(),
+    ];
+    if a.hashtag {
+        args.push("--hashtag".into());
+    }
+    let text = run_script_with(&script, Some("process"), &args, t)?;
+    let mut r = from_script(
+        "bullmq-process",
+        format!(
+            "bullmq-process Q={}{}",
+            a.queues,
+            if a.hashtag { " {hashtag}" } else { "" }
+        ),
+        "job",
+        t,
+        &text,
+    );
+    r.params = vec![
+        ("queues".into(), a.queues.into()),
+        ("jobs".into(), a.jobs.into()),
+        ("workers".into(), a.workers.into()),
+        ("concurrency".into(), a.concurrency.into()),
         ("hashtag".into(), a.hashtag.into()),
     ];
     Ok(r)
