@@ -71,7 +71,7 @@ enum Cmd {
     /// Real Sidekiq processes draining pushed jobs (bench/sidekiq).
     SidekiqDrain(scripts::SidekiqArgs),
     /// Start Kite and redis-server, run workloads against each, tabulate the ratios.
-    Compare(compare::CompareArgs),
+    Compare(Box<compare::CompareArgs>),
 }
 
 #[derive(Args, Debug, Clone)]
