@@ -4,132 +4,9 @@
 //! client; those bytes are read back here into Lua values. A script's return value is
 //! written as a reply following the same rules Redis 7 documents.
 
-use mlua::{Lua, Table, Value};
+use mlua::{Table, Value};
 
 use crate::protocol::reply::Reply;
-
-/// Reads one RESP reply starting at `*pos` into a Lua value. An error reply becomes an
-/// `{err=...}` table and sets `*is_error` (only at the top level, as Redis does).
-pub fn resp_to_lua(
-    lua: &Lua,
-    buf: &[u8],
-    pos: &mut usize,
-    is_error: &mut bool,
-) -> mlua::Result<Value> {
-    let kind = buf[*pos];
-    let line_end = find_crlf(buf, *pos + 1);
-    let line = &buf[*pos + 1..line_end];
-    *pos = line_end + 2;
-    let v = match kind {
-        b'+' => {
-            let t = lua.create_table()?;
-            t.raw_set("ok", lua.create_string(line)?)?;
-            Value::Table(t)
-        }
-        b'-' => {
-            *is_error = true;
-            let t = lua.create_table()?;
-            t.raw_set("err", lua.create_string(line)?)?;
-            Value::Table(t)
-        }
-        b':' => Value::Number(parse_i64(line) as f64),
-        b'$' => {
-            let n = parse_i64(line);
-            if n < 0 {
-                Value::Boolean(false)
-            } else {
-                let n = n as usize;
-                let s = lua.create_string(&buf[*pos..*pos + n])?;
-                *pos += n + 2;
-                Value::String(s)
-            }
-        }
-        b'*' | b'~' | b'>' => {
-            let n = parse_i64(line);
-            if n < 0 {
-                return Ok(Value::Boolean(false));
-            }
-            let items = lua.create_table_with_capacity(n as usize, 0)?;
-            for i in 1..=n {
-                let mut nested_err = false;
-                let v = resp_to_lua(lua, buf, pos, &mut nested_err)?;
-                if kind == b'~' {
-                    items.raw_set(v, true)?;
-                } else {
-                    items.raw_set(i, v)?;
-                }
-            }
-            if kind == b'~' {
-                let t = lua.create_table()?;
-                t.raw_set("set", items)?;
-                Value::Table(t)
-            } else {
-                Value::Table(items)
-            }
-        }
-        b'%' | b'|' => {
-            let n = parse_i64(line);
-            let map = lua.create_table()?;
-            for _ in 0..n {
-                let mut e = false;
-                let k = resp_to_lua(lua, buf, pos, &mut e)?;
-                let v = resp_to_lua(lua, buf, pos, &mut e)?;
-                map.raw_set(k, v)?;
-            }
-            if kind == b'|' {
-                // Attributes are dropped; the reply that follows is the value.
-                return resp_to_lua(lua, buf, pos, is_error);
-            }
-            let t = lua.create_table()?;
-            t.raw_set("map", map)?;
-            Value::Table(t)
-        }
-        b'_' => Value::Nil,
-        b'#' => Value::Boolean(line == b"t"),
-        b',' => {
-            let t = lua.create_table()?;
-            let d = std::str::from_utf8(line)
-                .ok()
-                .and_then(|s| s.parse::<f64>().ok())
-                .unwrap_or(f64::NAN);
-            t.raw_set("double", d)?;
-            Value::Table(t)
-        }
-        b'(' => {
-            let t = lua.create_table()?;
-            t.raw_set("big_number", lua.create_string(line)?)?;
-            Value::Table(t)
-        }
-        b'=' => {
-            let n = parse_i64(line) as usize;
-            let body = &buf[*pos..*pos + n];
-            *pos += n + 2;
-            let t = lua.create_table()?;
-            let inner = lua.create_table()?;
-            inner.raw_set("format", lua.create_string(&body[..3.min(body.len())])?)?;
-            inner.raw_set("string", lua.create_string(body.get(4..).unwrap_or(&[]))?)?;
-            t.raw_set("verbatim_string", inner)?;
-            Value::Table(t)
-        }
-        _ => Value::Nil,
-    };
-    Ok(v)
-}
-
-fn find_crlf(buf: &[u8], from: usize) -> usize {
-    buf[from..]
-        .windows(2)
-        .position(|w| w == b"\r\n")
-        .map(|p| p + from)
-        .unwrap_or(buf.len())
-}
-
-fn parse_i64(s: &[u8]) -> i64 {
-    std::str::from_utf8(s)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
 
 /// A Lua number as Redis casts it to an integer reply: truncation toward zero, with
 /// what the C cast gives (the lowest integer) for values out of range and NaN.
@@ -255,5 +132,135 @@ fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize) 
     out.array(items.len());
     for v in &items {
         lua_to_reply(v, out, resp3_script, depth + 1);
+    }
+}
+
+/// Pushes the RESP reply at `buf[*pos..]` onto the Lua stack as one value, following
+/// Redis's rules (nil bulk -> false, status -> {ok=}, error -> {err=}, RESP3 types as
+/// {map=}, {set=}, {double=}, {big_number=}, {verbatim_string=}). Works on the raw stack:
+/// no Rust value with a destructor lives across these calls, so a Lua error (out of
+/// memory) may unwind through them.
+///
+/// # Safety
+/// `state` is a live Lua state in a C function, and `buf` holds complete RESP replies
+/// written by Kite's own reply writer.
+pub unsafe fn push_resp(state: *mut mlua::ffi::lua_State, buf: &[u8], pos: &mut usize) {
+    use mlua::ffi;
+    ffi::luaL_checkstack(state, 6, c"reply nested too deep".as_ptr());
+    let kind = buf[*pos];
+    let line_start = *pos + 1;
+    let line_end = line_start + buf[line_start..].iter().position(|&b| b == b'\r').unwrap_or(0);
+    let line = &buf[line_start..line_end];
+    *pos = line_end + 2;
+    let push_str = |s: &[u8]| ffi::lua_pushlstring(state, s.as_ptr() as *const _, s.len());
+    match kind {
+        b'+' | b'-' => {
+            ffi::lua_createtable(state, 0, 1);
+            push_str(line);
+            ffi::lua_setfield(
+                state,
+                -2,
+                if kind == b'+' { c"ok".as_ptr() } else { c"err".as_ptr() },
+            );
+        }
+        b':' => ffi::lua_pushnumber(state, parse_int(line) as f64),
+        b'$' => {
+            let n = parse_int(line);
+            if n < 0 {
+                ffi::lua_pushboolean(state, 0);
+            } else {
+                let n = n as usize;
+                push_str(&buf[*pos..*pos + n]);
+                *pos += n + 2;
+            }
+        }
+        b'*' | b'>' => {
+            let n = parse_int(line);
+            if n < 0 {
+                ffi::lua_pushboolean(state, 0);
+            } else {
+                ffi::lua_createtable(state, n as i32, 0);
+                for i in 1..=n {
+                    push_resp(state, buf, pos);
+                    ffi::lua_rawseti(state, -2, i as _);
+                }
+            }
+        }
+        b'~' => {
+            let n = parse_int(line);
+            ffi::lua_createtable(state, 0, 1);
+            ffi::lua_createtable(state, 0, n.max(0) as i32);
+            for _ in 0..n {
+                push_resp(state, buf, pos);
+                ffi::lua_pushboolean(state, 1);
+                ffi::lua_rawset(state, -3);
+            }
+            ffi::lua_setfield(state, -2, c"set".as_ptr());
+        }
+        b'%' => {
+            let n = parse_int(line);
+            ffi::lua_createtable(state, 0, 1);
+            ffi::lua_createtable(state, 0, n.max(0) as i32);
+            for _ in 0..n {
+                push_resp(state, buf, pos);
+                push_resp(state, buf, pos);
+                ffi::lua_rawset(state, -3);
+            }
+            ffi::lua_setfield(state, -2, c"map".as_ptr());
+        }
+        b'|' => {
+            // Attributes are dropped; the reply that follows is the value.
+            let n = parse_int(line);
+            for _ in 0..n * 2 {
+                push_resp(state, buf, pos);
+                ffi::lua_settop(state, -2);
+            }
+            push_resp(state, buf, pos);
+        }
+        b'_' => ffi::lua_pushnil(state),
+        b'#' => ffi::lua_pushboolean(state, (line == b"t") as i32),
+        b',' => {
+            let d = std::str::from_utf8(line)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+                .unwrap_or(f64::NAN);
+            ffi::lua_createtable(state, 0, 1);
+            ffi::lua_pushnumber(state, d);
+            ffi::lua_setfield(state, -2, c"double".as_ptr());
+        }
+        b'(' => {
+            ffi::lua_createtable(state, 0, 1);
+            push_str(line);
+            ffi::lua_setfield(state, -2, c"big_number".as_ptr());
+        }
+        b'=' => {
+            let n = parse_int(line).max(0) as usize;
+            let body = &buf[*pos..*pos + n];
+            *pos += n + 2;
+            ffi::lua_createtable(state, 0, 1);
+            ffi::lua_createtable(state, 0, 2);
+            push_str(&body[..3.min(body.len())]);
+            ffi::lua_setfield(state, -2, c"format".as_ptr());
+            push_str(body.get(4..).unwrap_or(&[]));
+            ffi::lua_setfield(state, -2, c"string".as_ptr());
+            ffi::lua_setfield(state, -2, c"verbatim_string".as_ptr());
+        }
+        _ => ffi::lua_pushnil(state),
+    }
+}
+
+fn parse_int(s: &[u8]) -> i64 {
+    let (neg, digits) = match s.first() {
+        Some(b'-') => (true, &s[1..]),
+        _ => (false, s),
+    };
+    let mut v: i64 = 0;
+    for &d in digits {
+        v = v.wrapping_mul(10).wrapping_add((d.wrapping_sub(b'0')) as i64);
+    }
+    if neg {
+        v.wrapping_neg()
+    } else {
+        v
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use mlua::{Lua, MultiValue, Table, Value};
 
-use super::convert::{lua_to_reply, resp_to_lua};
+use super::convert::lua_to_reply;
 use super::{Script, ScriptFlags};
 use crate::commands::{flags, table, Command};
 use crate::protocol::reply::{format_double, Reply};
@@ -244,14 +244,6 @@ fn error_reply(e: &Value, label: &str, out: &mut Reply) {
     out.error_bytes(&text);
 }
 
-/// An `{err=...}` table as Redis builds it from an error reply text: a leading `-` is
-/// dropped, and a text without an error code gets `ERR`.
-fn err_table(lua: &Lua, msg: &[u8]) -> mlua::Result<(Value, bool)> {
-    let t = lua.create_table()?;
-    t.raw_set("err", lua.create_string(normalize_error(msg))?)?;
-    Ok((Value::Table(t), true))
-}
-
 fn normalize_error(msg: &[u8]) -> Vec<u8> {
     let msg = msg.strip_prefix(b"-").unwrap_or(msg);
     if msg.contains(&b' ') {
@@ -263,47 +255,66 @@ fn normalize_error(msg: &[u8]) -> Vec<u8> {
     }
 }
 
-/// `redis.call` and `redis.pcall`: runs one command. Returns the reply as a Lua value and
-/// whether it is an error (which `redis.call` raises).
-pub fn redis_call(lua: &Lua, args: MultiValue) -> mlua::Result<(Value, bool)> {
-    let mut argv: Vec<Bytes> = Vec::with_capacity(args.len().saturating_sub(1));
-    for v in args.into_iter().skip(1) {
-        match v {
-            Value::String(s) => argv.push(Bytes::copy_from_slice(&s.as_bytes())),
-            Value::Number(n) => argv.push(Bytes::from(format_double(n))),
-            Value::Integer(i) => argv.push(Bytes::from(i.to_string())),
-            _ => {
-                return err_table(
-                    lua,
-                    b"ERR Lua redis lib command arguments must be strings or integers",
-                )
+thread_local! {
+    /// The reply (or error text) of the last `redis.call`, read by the C side of
+    /// `redis.call` straight into Lua values. Reused, so a call allocates no buffer.
+    static CALL_OUT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The bytes `call_into_buffer` left, for the C side to read. Valid until the next call.
+pub fn call_output() -> (*const u8, usize) {
+    CALL_OUT.with(|b| {
+        let b = b.borrow();
+        (b.as_ptr(), b.len())
+    })
+}
+
+/// `redis.call` and `redis.pcall` without Lua: runs one command and leaves its RESP
+/// reply in the call buffer. Returns true when the buffer holds an error text instead
+/// (normalized as Redis does: a code first), which `redis.call` raises.
+pub fn call_into_buffer(argv: Vec<Bytes>, bad_argument: bool) -> bool {
+    let result = call_checked(argv, bad_argument);
+    CALL_OUT.with(|b| {
+        let mut b = b.borrow_mut();
+        b.clear();
+        match result {
+            Ok(reply) if reply.buf.first() == Some(&b'-') => {
+                let end = reply.buf.len().saturating_sub(2);
+                b.extend_from_slice(&normalize_error(&reply.buf[1..end]));
+                true
+            }
+            Ok(reply) => {
+                b.extend_from_slice(&reply.buf);
+                false
+            }
+            Err(msg) => {
+                b.extend_from_slice(&normalize_error(&msg));
+                true
             }
         }
+    })
+}
+
+fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> {
+    if bad_argument {
+        return Err(b"ERR Lua redis lib command arguments must be strings or integers".to_vec());
     }
     if argv.is_empty() {
-        return err_table(
-            lua,
-            b"ERR Please specify at least one argument for this redis lib call",
-        );
+        return Err(b"ERR Please specify at least one argument for this redis lib call".to_vec());
     }
     let Some(cmd) = table().lookup(&argv[0]) else {
-        return err_table(lua, b"ERR Unknown Redis command called from script");
+        return Err(b"ERR Unknown Redis command called from script".to_vec());
     };
     if !cmd.arity_ok(argv.len()) {
-        return err_table(
-            lua,
-            b"ERR Wrong number of args calling Redis command from script",
-        );
+        return Err(b"ERR Wrong number of args calling Redis command from script".to_vec());
     }
     if cmd.has(flags::NOSCRIPT) || subcommand_has(cmd, &argv, "noscript") {
-        return err_table(lua, b"ERR This Redis command is not allowed from script");
+        return Err(b"ERR This Redis command is not allowed from script".to_vec());
     }
     if !cmd.subcommands.is_empty() {
-        if let Err(e) = crate::commands::check_subcommand(cmd, &argv) {
-            return err_table(lua, e.as_bytes());
-        }
+        crate::commands::check_subcommand(cmd, &argv).map_err(String::into_bytes)?;
     }
-    let reply = RUN.with(|r| -> Result<Reply, Vec<u8>> {
+    RUN.with(|r| -> Result<Reply, Vec<u8>> {
         let mut guard = r.borrow_mut();
         let run = guard
             .as_mut()
@@ -323,25 +334,7 @@ pub fn redis_call(lua: &Lua, args: MultiValue) -> mlua::Result<(Value, bool)> {
             return Err(b"OOM command not allowed when used memory > 'maxmemory'.".to_vec());
         }
         dispatch(run, cmd, &argv)
-    });
-    match reply {
-        Err(msg) => err_table(lua, &msg),
-        Ok(reply) => {
-            let mut pos = 0;
-            let mut is_error = false;
-            if reply.buf.is_empty() {
-                return Ok((Value::Nil, false));
-            }
-            let v = resp_to_lua(lua, &reply.buf, &mut pos, &mut is_error)?;
-            if is_error {
-                let Value::Table(t) = &v else { unreachable!() };
-                let msg: mlua::String = t.raw_get("err")?;
-                let normalized = normalize_error(&msg.as_bytes());
-                t.raw_set("err", lua.create_string(normalized)?)?;
-            }
-            Ok((v, is_error))
-        }
-    }
+    })
 }
 
 /// Whether the subcommand called (SCRIPT FLUSH...) carries `flag` in the table.

@@ -222,7 +222,6 @@ pub fn collect_if_large() {
     });
 }
 
-const RAW_CALL_KEY: &str = "kite.raw_call";
 
 /// `redis.call` is a C function, as in Redis: a command error is raised as the `{err=}`
 /// table itself (so `pcall(redis.call, ...)` gets the table), and a script's
@@ -235,22 +234,53 @@ unsafe extern "C-unwind" fn redis_pcall_c(state: *mut mlua::ffi::lua_State) -> s
     call_through(state, false)
 }
 
-/// Calls the Rust `redis_call` (kept in the registry) with the raise flag first; it
-/// returns the reply and whether it is an error, which `redis.call` then raises.
+/// Reads the script's arguments, runs the command in Rust, then turns the reply into Lua
+/// values straight on the stack (`convert::push_resp`), with no per-value protected call.
+/// Everything that owns memory lives in the first block, which makes no Lua call that can
+/// raise; what follows only touches raw pointers, so a Lua error (out of memory) may
+/// unwind through it.
 unsafe fn call_through(state: *mut mlua::ffi::lua_State, raise: bool) -> std::os::raw::c_int {
     use mlua::ffi;
-    let n = ffi::lua_gettop(state);
-    ffi::luaL_checkstack(state, 4, c"redis.call".as_ptr());
-    ffi::lua_getfield(state, ffi::LUA_REGISTRYINDEX, c"kite.raw_call".as_ptr());
-    ffi::lua_insert(state, 1);
-    ffi::lua_pushboolean(state, raise as _);
-    ffi::lua_insert(state, 2);
-    ffi::lua_call(state, n + 1, 2);
-    let failed = ffi::lua_toboolean(state, -1) != 0;
-    ffi::lua_pop(state, 1);
-    if raise && failed {
-        ffi::lua_error(state);
+    let is_error = {
+        let n = ffi::lua_gettop(state);
+        let mut argv: Vec<bytes::Bytes> = Vec::with_capacity(n.max(0) as usize);
+        let mut bad = false;
+        for i in 1..=n {
+            match ffi::lua_type(state, i) {
+                ffi::LUA_TSTRING => {
+                    let mut len = 0usize;
+                    let p = ffi::lua_tolstring(state, i, &mut len) as *const u8;
+                    argv.push(bytes::Bytes::copy_from_slice(std::slice::from_raw_parts(p, len)));
+                }
+                ffi::LUA_TNUMBER => argv.push(bytes::Bytes::from(
+                    crate::protocol::reply::format_double(ffi::lua_tonumber(state, i)),
+                )),
+                _ => {
+                    bad = true;
+                    break;
+                }
+            }
+        }
+        run::call_into_buffer(argv, bad)
+    };
+    let (ptr, len) = run::call_output();
+    ffi::lua_settop(state, 0);
+    ffi::luaL_checkstack(state, 8, c"redis.call".as_ptr());
+    if is_error {
+        ffi::lua_createtable(state, 0, 1);
+        ffi::lua_pushlstring(state, ptr as *const _, len);
+        ffi::lua_setfield(state, -2, c"err".as_ptr());
+        if raise {
+            ffi::lua_error(state);
+        }
+        return 1;
     }
+    if len == 0 {
+        ffi::lua_pushnil(state);
+        return 1;
+    }
+    let mut pos = 0usize;
+    super::convert::push_resp(state, std::slice::from_raw_parts(ptr, len), &mut pos);
     1
 }
 
@@ -269,8 +299,6 @@ impl Vm {
         lua.set_memory_limit(LUA_MEMORY_LIMIT)?;
         let real = lua.create_table()?;
         let redis = run::redis_api(&lua)?;
-        let raw_call = lua.create_function(|lua, args: MultiValue| run::redis_call(lua, args))?;
-        lua.set_named_registry_value(RAW_CALL_KEY, raw_call)?;
         // SAFETY: both are plain Lua C functions that follow the C API's stack rules.
         unsafe {
             redis.raw_set("call", lua.create_c_function(redis_call_c)?)?;
