@@ -149,7 +149,11 @@ pub unsafe fn push_resp(state: *mut mlua::ffi::lua_State, buf: &[u8], pos: &mut 
     ffi::luaL_checkstack(state, 6, c"reply nested too deep".as_ptr());
     let kind = buf[*pos];
     let line_start = *pos + 1;
-    let line_end = line_start + buf[line_start..].iter().position(|&b| b == b'\r').unwrap_or(0);
+    let line_end = line_start
+        + buf[line_start..]
+            .iter()
+            .position(|&b| b == b'\r')
+            .unwrap_or(0);
     let line = &buf[line_start..line_end];
     *pos = line_end + 2;
     let push_str = |s: &[u8]| ffi::lua_pushlstring(state, s.as_ptr() as *const _, s.len());
@@ -160,7 +164,11 @@ pub unsafe fn push_resp(state: *mut mlua::ffi::lua_State, buf: &[u8], pos: &mut 
             ffi::lua_setfield(
                 state,
                 -2,
-                if kind == b'+' { c"ok".as_ptr() } else { c"err".as_ptr() },
+                if kind == b'+' {
+                    c"ok".as_ptr()
+                } else {
+                    c"err".as_ptr()
+                },
             );
         }
         b':' => ffi::lua_pushnumber(state, parse_int(line) as f64),
@@ -256,7 +264,9 @@ fn parse_int(s: &[u8]) -> i64 {
     };
     let mut v: i64 = 0;
     for &d in digits {
-        v = v.wrapping_mul(10).wrapping_add((d.wrapping_sub(b'0')) as i64);
+        v = v
+            .wrapping_mul(10)
+            .wrapping_add((d.wrapping_sub(b'0')) as i64);
     }
     if neg {
         v.wrapping_neg()

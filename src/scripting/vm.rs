@@ -222,7 +222,6 @@ pub fn collect_if_large() {
     });
 }
 
-
 /// `redis.call` is a C function, as in Redis: a command error is raised as the `{err=}`
 /// table itself (so `pcall(redis.call, ...)` gets the table), and a script's
 /// `return redis.call(...)` keeps its own frame, so errors name the script's line.
@@ -250,7 +249,9 @@ unsafe fn call_through(state: *mut mlua::ffi::lua_State, raise: bool) -> std::os
                 ffi::LUA_TSTRING => {
                     let mut len = 0usize;
                     let p = ffi::lua_tolstring(state, i, &mut len) as *const u8;
-                    argv.push(bytes::Bytes::copy_from_slice(std::slice::from_raw_parts(p, len)));
+                    argv.push(bytes::Bytes::copy_from_slice(std::slice::from_raw_parts(
+                        p, len,
+                    )));
                 }
                 ffi::LUA_TNUMBER => argv.push(bytes::Bytes::from(
                     crate::protocol::reply::format_double(ffi::lua_tonumber(state, i)),
@@ -371,9 +372,31 @@ impl Vm {
 
     /// Sets KEYS and ARGV, as Redis sets them before each script.
     pub fn set_keys_argv(&self, keys: &[bytes::Bytes], argv: &[bytes::Bytes]) -> mlua::Result<()> {
-        self.real.raw_set("KEYS", self.strings(keys)?)?;
-        self.real.raw_set("ARGV", self.strings(argv)?)?;
-        Ok(())
+        // One protected call builds both tables on the raw stack (the globals table is
+        // its argument at index 1), instead of one per string.
+        unsafe fn fill(
+            state: *mut mlua::ffi::lua_State,
+            name: &std::ffi::CStr,
+            items: &[bytes::Bytes],
+        ) {
+            use mlua::ffi;
+            ffi::lua_createtable(state, items.len() as _, 0);
+            for (i, s) in items.iter().enumerate() {
+                ffi::lua_pushlstring(state, s.as_ptr() as *const _, s.len());
+                ffi::lua_rawseti(state, -2, (i + 1) as _);
+            }
+            ffi::lua_setfield(state, 1, name.as_ptr());
+        }
+        // SAFETY: only stack operations on the state mlua hands us, inside its protected
+        // call; nothing here owns memory that an error could skip.
+        unsafe {
+            self.lua.exec_raw::<()>(self.real.clone(), |state| {
+                mlua::ffi::luaL_checkstack(state, 4, c"KEYS".as_ptr());
+                fill(state, c"KEYS", keys);
+                fill(state, c"ARGV", argv);
+                mlua::ffi::lua_settop(state, 0);
+            })
+        }
     }
 
     pub fn strings(&self, items: &[bytes::Bytes]) -> mlua::Result<Table> {

@@ -22,10 +22,14 @@ pub(super) fn module(lua: &Lua, wrap: &Wrapper) -> mlua::Result<Table> {
     t.raw_set("pack", wrap.one(lua, pack)?)?;
     t.raw_set(
         "unpack",
-        wrap.many(lua, |lua, args| {
-            let a = Args::new(lua, args, "unpack");
-            unpack(&a, 0, 0)
-        })?,
+        wrap.many_with(
+            lua,
+            |lua, args| {
+                let a = Args::new(lua, args, "unpack");
+                unpack(&a, 0, 0)
+            },
+            unpack_fast,
+        )?,
     )?;
     t.raw_set(
         "unpack_one",
@@ -49,6 +53,173 @@ pub(super) fn module(lua: &Lua, wrap: &Wrapper) -> mlua::Result<Table> {
     t.raw_set("_COPYRIGHT", "Copyright (C) 2012, Salvatore Sanfilippo")?;
     t.raw_set("_DESCRIPTION", "MessagePack C implementation for Lua")?;
     Ok(t)
+}
+
+// ---------------------------------------------------------------- unpack, fast path
+
+/// Inputs the fast path takes: at most this many top-level values and this deep.
+const FAST_MAX_VALUES: usize = 1000;
+const FAST_MAX_DEPTH: usize = 64;
+
+/// `cmsgpack.unpack(s)` for ordinary input (what job queues store: a map of options):
+/// the input is checked in Rust first, then its values are built straight on the Lua
+/// stack. Anything else (other arguments, malformed or extreme input) goes to the full
+/// implementation (`lib_call` with the same upvalues), which reproduces Redis's errors
+/// and limits.
+unsafe extern "C-unwind" fn unpack_fast(state: *mut mlua::ffi::lua_State) -> std::os::raw::c_int {
+    use mlua::ffi;
+    if ffi::lua_gettop(state) == 1 && ffi::lua_type(state, 1) == ffi::LUA_TSTRING {
+        let mut len = 0usize;
+        let p = ffi::lua_tolstring(state, 1, &mut len) as *const u8;
+        // The string stays on the stack, so the bytes stay put while we read them.
+        let data = std::slice::from_raw_parts(p, len);
+        if let Some(count) = fast_check(data) {
+            ffi::luaL_checkstack(state, count as i32 + 8, c"too many results".as_ptr());
+            let mut pos = 0;
+            for _ in 0..count {
+                fast_push(state, data, &mut pos);
+            }
+            return count as i32;
+        }
+    }
+    super::lib_call(state)
+}
+
+/// The number of top-level values when every byte of `data` is well-formed input the
+/// fast path handles (no nil or NaN map keys, bounded depth and count), else None.
+fn fast_check(data: &[u8]) -> Option<usize> {
+    fn skip(d: &[u8], pos: &mut usize, depth: usize, map_key: bool) -> Option<()> {
+        if depth > FAST_MAX_DEPTH {
+            return None;
+        }
+        let tag = *d.get(*pos)?;
+        *pos += 1;
+        let bytes = |n: usize, pos: &mut usize| -> Option<u64> {
+            let s = d.get(*pos..*pos + n)?;
+            *pos += n;
+            Some(s.iter().fold(0u64, |a, &b| (a << 8) | b as u64))
+        };
+        let (items, pairs) = match tag {
+            0xc0 if map_key => return None,
+            0xc0 | 0xc2 | 0xc3 | 0x00..=0x7f | 0xe0..=0xff => return Some(()),
+            0xcc..=0xcf => return bytes(1 << (tag - 0xcc), pos).map(|_| ()),
+            0xd0..=0xd3 => return bytes(1 << (tag - 0xd0), pos).map(|_| ()),
+            0xca => {
+                let u = bytes(4, pos)?;
+                return (!(map_key && f32::from_bits(u as u32).is_nan())).then_some(());
+            }
+            0xcb => {
+                let u = bytes(8, pos)?;
+                return (!(map_key && f64::from_bits(u).is_nan())).then_some(());
+            }
+            0xa0..=0xbf => {
+                let n = (tag & 0x1f) as usize;
+                return bytes(n, pos).map(|_| ()).or_else(|| (n == 0).then_some(()));
+            }
+            0xd9..=0xdb => {
+                let n = bytes(1 << (tag - 0xd9), pos)? as usize;
+                d.get(*pos..*pos + n)?;
+                *pos += n;
+                return Some(());
+            }
+            0x90..=0x9f => ((tag & 0x0f) as usize, false),
+            0xdc => (bytes(2, pos)? as usize, false),
+            0xdd => (bytes(4, pos)? as usize, false),
+            0x80..=0x8f => ((tag & 0x0f) as usize, true),
+            0xde => (bytes(2, pos)? as usize, true),
+            0xdf => (bytes(4, pos)? as usize, true),
+            _ => return None,
+        };
+        // Every element takes at least a byte: a count beyond the input is malformed.
+        if items > d.len() - *pos {
+            return None;
+        }
+        for _ in 0..items {
+            if pairs {
+                skip(d, pos, depth + 1, true)?;
+            }
+            skip(d, pos, depth + 1, false)?;
+        }
+        Some(())
+    }
+    let mut pos = 0;
+    let mut count = 0;
+    while pos < data.len() {
+        skip(data, &mut pos, 0, false)?;
+        count += 1;
+        if count > FAST_MAX_VALUES {
+            return None;
+        }
+    }
+    Some(count)
+}
+
+/// Pushes the value at `data[*pos..]`, which `fast_check` found well-formed.
+unsafe fn fast_push(state: *mut mlua::ffi::lua_State, data: &[u8], pos: &mut usize) {
+    use mlua::ffi;
+    ffi::luaL_checkstack(state, 4, c"nested too deep".as_ptr());
+    let tag = data[*pos];
+    *pos += 1;
+    let mut uint = |n: usize| -> u64 {
+        let v = data[*pos..*pos + n]
+            .iter()
+            .fold(0u64, |a, &b| (a << 8) | b as u64);
+        *pos += n;
+        v
+    };
+    match tag {
+        0xc0 => ffi::lua_pushnil(state),
+        0xc2 => ffi::lua_pushboolean(state, 0),
+        0xc3 => ffi::lua_pushboolean(state, 1),
+        0x00..=0x7f => ffi::lua_pushnumber(state, tag as f64),
+        0xe0..=0xff => ffi::lua_pushnumber(state, tag as i8 as f64),
+        0xcc..=0xce => ffi::lua_pushnumber(state, uint(1 << (tag - 0xcc)) as f64),
+        // uint64 goes through a signed 64-bit integer in the C code.
+        0xcf => ffi::lua_pushnumber(state, uint(8) as i64 as f64),
+        0xd0..=0xd3 => {
+            let width = 1usize << (tag - 0xd0);
+            let shift = 64 - 8 * width;
+            let u = uint(width);
+            ffi::lua_pushnumber(state, (((u << shift) as i64) >> shift) as f64);
+        }
+        0xca => ffi::lua_pushnumber(state, f32::from_bits(uint(4) as u32) as f64),
+        0xcb => ffi::lua_pushnumber(state, f64::from_bits(uint(8))),
+        0xa0..=0xbf | 0xd9..=0xdb => {
+            let n = if tag <= 0xbf {
+                (tag & 0x1f) as usize
+            } else {
+                uint(1 << (tag - 0xd9)) as usize
+            };
+            let s = &data[*pos..*pos + n];
+            *pos += n;
+            ffi::lua_pushlstring(state, s.as_ptr() as *const _, n);
+        }
+        0x90..=0x9f | 0xdc | 0xdd => {
+            let n = match tag {
+                0xdc => uint(2) as usize,
+                0xdd => uint(4) as usize,
+                _ => (tag & 0x0f) as usize,
+            };
+            ffi::lua_createtable(state, n as i32, 0);
+            for i in 1..=n {
+                fast_push(state, data, pos);
+                ffi::lua_rawseti(state, -2, i as _);
+            }
+        }
+        _ => {
+            let n = match tag {
+                0xde => uint(2) as usize,
+                0xdf => uint(4) as usize,
+                _ => (tag & 0x0f) as usize,
+            };
+            ffi::lua_createtable(state, 0, n as i32);
+            for _ in 0..n {
+                fast_push(state, data, pos);
+                fast_push(state, data, pos);
+                ffi::lua_rawset(state, -3);
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------- packing

@@ -228,7 +228,7 @@ pub(crate) struct Wrapper;
 /// it. Being a C function, a script's `return cjson.decode(x)` keeps the script's own
 /// frame, so the position is the script's line. Upvalue 2 says whether the Rust part
 /// returns a table of results to spread.
-unsafe extern "C-unwind" fn lib_call(state: *mut mlua::ffi::lua_State) -> c_int {
+pub(crate) unsafe extern "C-unwind" fn lib_call(state: *mut mlua::ffi::lua_State) -> c_int {
     use mlua::ffi;
     let n = ffi::lua_gettop(state);
     ffi::luaL_checkstack(state, 4, c"library call".as_ptr());
@@ -292,13 +292,42 @@ impl Wrapper {
     }
 
     fn wrap(lua: &Lua, raw: Function, multi: bool) -> mlua::Result<Function> {
-        // SAFETY: pushcclosure takes the two pushed arguments as the upvalues of
-        // `lib_call`, which follows the C API's stack rules.
+        Self::wrap_with(lua, raw, multi, lib_call)
+    }
+
+    /// Like `wrap`, with a C function of the same upvalues that may answer some calls
+    /// itself and hand the others to `lib_call`.
+    fn wrap_with(
+        lua: &Lua,
+        raw: Function,
+        multi: bool,
+        cfn: mlua::ffi::lua_CFunction,
+    ) -> mlua::Result<Function> {
+        // SAFETY: pushcclosure takes the two pushed arguments as the upvalues of `cfn`,
+        // which follows the C API's stack rules.
         unsafe {
             lua.exec_raw::<Function>((raw, multi), |state| {
-                mlua::ffi::lua_pushcclosure(state, lib_call, 2);
+                mlua::ffi::lua_pushcclosure(state, cfn, 2);
             })
         }
+    }
+
+    /// A multi-value function whose calls go to `cfn` first (a fast path).
+    pub fn many_with<F>(
+        &self,
+        lua: &Lua,
+        f: F,
+        cfn: mlua::ffi::lua_CFunction,
+    ) -> mlua::Result<Function>
+    where
+        F: Fn(&Lua, MultiValue) -> LibResult<Results> + 'static,
+    {
+        let raw = Self::raw(lua, move |lua, args| {
+            let r = f(lua, args)?;
+            r.t.raw_set("n", r.n)?;
+            Ok(Value::Table(r.t))
+        })?;
+        Self::wrap_with(lua, raw, true, cfn)
     }
 
     /// A function returning exactly one value.
