@@ -1204,6 +1204,27 @@ const CORE: &[(&str, Scenario)] = &[
     ("blocked_clients", blocked_clients),
 ];
 
+/// Past maxmemory: a script without a shebang may read and delete but its first
+/// denyoom command fails; a shebang script that may write is refused before it starts
+/// unless it says allow-oom; no-writes scripts run.
+fn out_of_memory(r: &mut Rec) {
+    r.run(args!["SET", "oom:k", "v"]);
+    r.run(args!["CONFIG", "SET", "maxmemory", "1"]);
+    r.eval("return redis.call('set', KEYS[1], 'x')", &["oom:k"], &[]);
+    r.eval("return redis.call('get', KEYS[1])", &["oom:k"], &[]);
+    r.eval("#!lua\nreturn redis.call('get', KEYS[1])", &["oom:k"], &[]);
+    r.eval("#!lua flags=no-writes\nreturn redis.call('get', KEYS[1])", &["oom:k"], &[]);
+    r.eval("#!lua flags=allow-oom\nreturn redis.call('set', KEYS[1], 'y')", &["oom:k"], &[]);
+    r.eval("return redis.call('del', KEYS[1])", &["oom:k"], &[]);
+    r.run(args!["CONFIG", "SET", "maxmemory", "0"]);
+}
+
+#[test]
+fn scripts_past_maxmemory_match_redis() {
+    run_against_redis(1, &[("out_of_memory", out_of_memory)]);
+    run_against_redis(4, &[("out_of_memory", out_of_memory)]);
+}
+
 #[test]
 fn scripting_matches_redis_threads_1() {
     run_against_redis(1, CORE);
@@ -1224,8 +1245,8 @@ fn lua_libraries_match_redis() {
     assert_no_diffs(&diffs, steps);
 }
 
-/// A command whose own keys live on two shards, called from a script. Redis runs it;
-/// Kite refuses it (a limitation of its sharded design, kept visible here).
+/// A command whose own keys live on two shards, called from a script (Celery's chord
+/// cleanup and RQ's `Queue.empty` do this with DEL): Kite runs it in one part per shard.
 #[test]
 fn multi_key_command_across_shards_inside_a_script() {
     fn scenario(r: &mut Rec) {
