@@ -189,7 +189,9 @@ fn run(threads: usize, seed: u64) {
     let (dk, dr) = (dump(&mut k), dump(&mut r));
     for ((name, a), (_, b)) in dk.iter().zip(dr.iter()) {
         if a != b {
-            mismatches.push(format!("seed {seed} final {name}\n  kite:  {a}\n  redis: {b}"));
+            mismatches.push(format!(
+                "seed {seed} final {name}\n  kite:  {a}\n  redis: {b}"
+            ));
         }
     }
     let info = k.cmd(&["INFO", "transactions"]).as_string().unwrap();

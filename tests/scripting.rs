@@ -1213,8 +1213,16 @@ fn out_of_memory(r: &mut Rec) {
     r.eval("return redis.call('set', KEYS[1], 'x')", &["oom:k"], &[]);
     r.eval("return redis.call('get', KEYS[1])", &["oom:k"], &[]);
     r.eval("#!lua\nreturn redis.call('get', KEYS[1])", &["oom:k"], &[]);
-    r.eval("#!lua flags=no-writes\nreturn redis.call('get', KEYS[1])", &["oom:k"], &[]);
-    r.eval("#!lua flags=allow-oom\nreturn redis.call('set', KEYS[1], 'y')", &["oom:k"], &[]);
+    r.eval(
+        "#!lua flags=no-writes\nreturn redis.call('get', KEYS[1])",
+        &["oom:k"],
+        &[],
+    );
+    r.eval(
+        "#!lua flags=allow-oom\nreturn redis.call('set', KEYS[1], 'y')",
+        &["oom:k"],
+        &[],
+    );
     r.eval("return redis.call('del', KEYS[1])", &["oom:k"], &[]);
     r.run(args!["CONFIG", "SET", "maxmemory", "0"]);
 }

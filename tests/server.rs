@@ -528,3 +528,21 @@ fn maxmemory_refuses_writes_but_serves_reads_and_deletes() {
     assert_eq!(c.cmd(&["CONFIG", "SET", "maxmemory", "0"]), Resp::ok());
     assert_eq!(c.cmd(&["SET", "k2", "v"]), Resp::ok());
 }
+
+/// WAIT without replicas: 0 at once when none is asked for, 0 after the timeout
+/// otherwise, and Redis's errors.
+#[test]
+fn wait_answers_zero_replicas() {
+    let kite = KiteServer::start(&[], 2);
+    let mut c = kite.client();
+    assert_eq!(c.cmd(&["WAIT", "0", "0"]), Resp::Integer(0));
+    assert_eq!(c.cmd(&["WAIT", "1", "20"]), Resp::Integer(0));
+    assert_eq!(
+        c.cmd(&["WAIT", "1", "-1"]),
+        Resp::Error("ERR timeout is negative".into())
+    );
+    assert_eq!(
+        c.cmd(&["WAIT", "x", "1"]),
+        Resp::Error("ERR value is not an integer or out of range".into())
+    );
+}

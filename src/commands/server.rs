@@ -761,6 +761,32 @@ const DEBUG_HELP: &[&str] = &[
     "    Print this help.",
 ];
 
+// WAIT numreplicas timeout: Kite has no replicas, so the answer is always 0 replicas,
+// given at once when none is asked for and after the timeout otherwise (0: never), as
+// Redis does without replicas.
+async_handler!(wait, |sess, args| {
+    let parse = |b: &Bytes| {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+    };
+    let (Some(replicas), Some(timeout)) = (parse(&args[1]), parse(&args[2])) else {
+        return sess
+            .out
+            .error("ERR value is not an integer or out of range");
+    };
+    if timeout < 0 {
+        return sess.out.error("ERR timeout is negative");
+    }
+    if replicas > 0 {
+        if timeout == 0 {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(timeout as u64)).await;
+    }
+    sess.out.int(0);
+});
+
 async_handler!(debug, |sess, args| {
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match (sub.as_str(), args.len()) {

@@ -115,6 +115,7 @@ pub fn all() -> Vec<Command> {
             server::COMMAND_SUBCOMMANDS,
         ),
         c("time", 1, "loading stale fast", NONE, "server", "2.6.0", "Returns the server time.", Conn(server::time)),
+        c("wait", 3, "", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge writes (there are none).", Async(server::wait)),
         c("lastsave", 1, "loading stale fast", NONE, "server", "1.0.0", "Returns the unix time of the last save.", Conn(server::lastsave)),
         c("debug", -2, "admin noscript loading stale", NONE, "server", "1.0.0", "Debugging helpers.", Async(server::debug)),
         c("shutdown", -1, "admin noscript loading stale no_multi allow_busy", NONE, "server", "1.0.0", "Stops the server.", Conn(server::shutdown)),
