@@ -6,44 +6,9 @@
 // node add.mjs --host 127.0.0.1 --port 6379 [--pid PID] [--queues 4] [--workers 4]
 //              [--concurrency 32] [--seconds 10] [--hashtag] [--max-seconds 120]
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
-import { readFileSync } from 'node:fs';
+import { parseArgs, serverCpu } from './common.mjs';
 import { Queue } from 'bullmq';
 import IORedis from 'ioredis';
-
-function parseArgs(argv) {
-  const o = { host: '127.0.0.1', port: 6379, pid: null, queues: 4, workers: 4, concurrency: 32,
-              seconds: 10, hashtag: false, maxSeconds: 120 };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const next = () => argv[++i];
-    switch (a) {
-      case '--host': o.host = next(); break;
-      case '--port': o.port = Number(next()); break;
-      case '--pid': o.pid = Number(next()); break;
-      case '--queues': o.queues = Number(next()); break;
-      case '--workers': o.workers = Number(next()); break;
-      case '--concurrency': o.concurrency = Number(next()); break;
-      case '--seconds': o.seconds = Number(next()); break;
-      case '--max-seconds': o.maxSeconds = Number(next()); break;
-      case '--hashtag': o.hashtag = true; break;
-      default: throw new Error(`unknown argument ${a}`);
-    }
-  }
-  if (!['127.0.0.1', 'localhost', '::1'].includes(o.host) && !o.host.startsWith('127.')) {
-    throw new Error(`${o.host} is not a loopback address`);
-  }
-  o.seconds = Math.min(o.seconds, o.maxSeconds);
-  return o;
-}
-
-function serverCpu(pid) {
-  if (!pid) return null;
-  try {
-    const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-    return (Number(f[11]) + Number(f[12])) / 100; // USER_HZ is 100 on Linux
-  } catch { return null; }
-}
 
 function queueSpec(o, run, i) {
   return o.hashtag
@@ -52,7 +17,8 @@ function queueSpec(o, run, i) {
 }
 
 if (isMainThread) {
-  const o = parseArgs(process.argv.slice(2));
+  const o = parseArgs(process.argv.slice(2), { queues: 4, workers: 4, concurrency: 32, seconds: 10 });
+  o.seconds = Math.min(o.seconds, o.maxSeconds);
   const out = (obj) => console.log(JSON.stringify({ workload: 'bullmq-add', ...obj }));
   const probe = new IORedis({ host: o.host, port: o.port, maxRetriesPerRequest: 1, lazyConnect: true });
   await probe.connect();

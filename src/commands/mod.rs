@@ -348,30 +348,22 @@ pub fn check_subcommand(cmd: &Command, args: &[Bytes]) -> Result<(), String> {
     }
 }
 
-/// Whether the subcommand called (XGROUP CREATE...) is flagged `denyoom` in the table.
-fn subcommand_denies_oom(cmd: &Command, args: &[Bytes]) -> bool {
+/// Whether the subcommand called (XGROUP CREATE, SCRIPT KILL...) carries `flag` in the
+/// table.
+pub fn subcommand_has(cmd: &Command, args: &[Bytes], flag: &str) -> bool {
     if cmd.subcommands.is_empty() || args.len() < 2 {
         return false;
     }
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     cmd.subcommands
         .iter()
-        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == "denyoom"))
+        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == flag))
 }
 
 /// What still runs while a script is past the busy threshold: SCRIPT KILL, FUNCTION
 /// KILL and STATS, SHUTDOWN and the connection commands flagged `allow_busy`.
 fn allowed_while_busy(cmd: &Command, args: &[Bytes]) -> bool {
-    if cmd.has(flags::ALLOW_BUSY) {
-        return true;
-    }
-    if cmd.subcommands.is_empty() || args.len() < 2 {
-        return false;
-    }
-    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
-    cmd.subcommands
-        .iter()
-        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == "allow_busy"))
+    cmd.has(flags::ALLOW_BUSY) || subcommand_has(cmd, args, "allow_busy")
 }
 
 /// Refuses a known command before it runs. Refusing EXEC discards the transaction (and
@@ -424,7 +416,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
     // Past maxmemory, Redis refuses commands that may grow memory, also while queueing
     // them and at an EXEC that queued one.
     let grows = cmd.has(flags::DENYOOM)
-        || subcommand_denies_oom(cmd, &args)
+        || subcommand_has(cmd, &args, "denyoom")
         || (cmd.name == "exec"
             && sess
                 .multi

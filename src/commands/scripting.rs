@@ -246,10 +246,7 @@ async_handler!(script, |sess, args| {
                 "HELP",
                 "    Print this help.",
             ];
-            sess.out.array(lines.len());
-            for l in lines {
-                sess.out.simple(l);
-            }
+            help_reply(&mut sess.out, &lines);
         }
         _ => unreachable!("subcommands are checked before"),
     }
@@ -312,13 +309,10 @@ async_handler!(function, |sess, args| {
             }
         }
         "flush" => {
-            if let Some(mode) = args.get(2) {
-                let m = String::from_utf8_lossy(mode).to_ascii_lowercase();
-                if args.len() > 3 || (m != "async" && m != "sync") {
-                    return sess
-                        .out
-                        .error("ERR FUNCTION FLUSH only supports SYNC|ASYNC option");
-                }
+            if !flush_mode_ok(&args) {
+                return sess
+                    .out
+                    .error("ERR FUNCTION FLUSH only supports SYNC|ASYNC option");
             }
             registry.flush();
             sess.out.ok();
@@ -359,10 +353,7 @@ async_handler!(function, |sess, args| {
                 "KILL",
                 "HELP",
             ];
-            sess.out.array(lines.len());
-            for l in lines {
-                sess.out.simple(l);
-            }
+            help_reply(&mut sess.out, &lines);
         }
         _ => unreachable!("subcommands are checked before"),
     }
@@ -469,6 +460,25 @@ fn restore(sess: &mut Session, args: &[Bytes]) {
     match result {
         Ok(()) => sess.out.ok(),
         Err(e) => sess.out.error(&e),
+    }
+}
+
+/// SCRIPT FLUSH and FUNCTION FLUSH take an optional ASYNC or SYNC (both flush at once).
+fn flush_mode_ok(args: &[Bytes]) -> bool {
+    match args.get(2) {
+        None => true,
+        Some(mode) => {
+            args.len() == 3
+                && (mode.eq_ignore_ascii_case(b"async") || mode.eq_ignore_ascii_case(b"sync"))
+        }
+    }
+}
+
+/// A HELP reply: one status line each.
+fn help_reply(out: &mut Reply, lines: &[&str]) {
+    out.array(lines.len());
+    for l in lines {
+        out.simple(l);
     }
 }
 

@@ -308,7 +308,7 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
     if !cmd.arity_ok(argv.len()) {
         return Err(b"ERR Wrong number of args calling Redis command from script".to_vec());
     }
-    if cmd.has(flags::NOSCRIPT) || subcommand_has(cmd, &argv, "noscript") {
+    if cmd.has(flags::NOSCRIPT) || crate::commands::subcommand_has(cmd, &argv, "noscript") {
         return Err(b"ERR This Redis command is not allowed from script".to_vec());
     }
     if !cmd.subcommands.is_empty() {
@@ -335,17 +335,6 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
         }
         dispatch(run, cmd, &argv)
     })
-}
-
-/// Whether the subcommand called (SCRIPT FLUSH...) carries `flag` in the table.
-fn subcommand_has(cmd: &Command, argv: &[Bytes], flag: &str) -> bool {
-    if cmd.subcommands.is_empty() || argv.len() < 2 {
-        return false;
-    }
-    let sub = String::from_utf8_lossy(&argv[1]).to_ascii_lowercase();
-    cmd.subcommands
-        .iter()
-        .any(|(n, _, f)| *n == sub && f.split_whitespace().any(|w| w == flag))
 }
 
 fn over_maxmemory(shared: &Shared) -> bool {

@@ -409,10 +409,9 @@ impl Vm {
 
     /// Runs a compiled script under the error handler: Ok(value) or Err(error table).
     pub fn run_script(&self, f: &Function) -> mlua::Result<Result<Value, Value>> {
-        let mut r = self.run_script.call::<MultiValue>(f.clone())?.into_iter();
-        let ok = matches!(r.next(), Some(Value::Boolean(true)));
-        let v = r.next().unwrap_or(Value::Nil);
-        Ok(if ok { Ok(v) } else { Err(v) })
+        Ok(xpcall_result(
+            self.run_script.call::<MultiValue>(f.clone())?,
+        ))
     }
 
     /// Runs an FCALL function with its keys and arguments.
@@ -422,12 +421,23 @@ impl Vm {
         keys: &[bytes::Bytes],
         args: &[bytes::Bytes],
     ) -> mlua::Result<Result<Value, Value>> {
-        let mut r = self
-            .run_function
-            .call::<MultiValue>((f.clone(), self.strings(keys)?, self.strings(args)?))?
-            .into_iter();
-        let ok = matches!(r.next(), Some(Value::Boolean(true)));
-        let v = r.next().unwrap_or(Value::Nil);
-        Ok(if ok { Ok(v) } else { Err(v) })
+        let r = self.run_function.call::<MultiValue>((
+            f.clone(),
+            self.strings(keys)?,
+            self.strings(args)?,
+        ))?;
+        Ok(xpcall_result(r))
+    }
+}
+
+/// What `xpcall` returned: the script's first result, or the error (table).
+fn xpcall_result(r: MultiValue) -> Result<Value, Value> {
+    let mut r = r.into_iter();
+    let ok = matches!(r.next(), Some(Value::Boolean(true)));
+    let v = r.next().unwrap_or(Value::Nil);
+    if ok {
+        Ok(v)
+    } else {
+        Err(v)
     }
 }

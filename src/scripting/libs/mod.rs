@@ -343,12 +343,7 @@ impl Wrapper {
     where
         F: Fn(&Lua, MultiValue) -> LibResult<Results> + 'static,
     {
-        let raw = Self::raw(lua, move |lua, args| {
-            let r = f(lua, args)?;
-            r.t.raw_set("n", r.n)?;
-            Ok(Value::Table(r.t))
-        })?;
-        Self::wrap(lua, raw, true)
+        self.many_with(lua, f, lib_call)
     }
 }
 
