@@ -788,6 +788,7 @@ fn functions(r: &mut Rec) {
         "#!lua name=x foo=bar\nredis.register_function('f', function() return 1 end)",
     ));
     r.run(load("#!lua name=empty\nlocal a = 1"));
+    r.run(load("#!lua name=forever\nwhile true do end"));
     r.run(load("#!lua name=broken\nthis is not lua"));
     // A bad function name ('a-b') is left out: 7.0 reports it with the library-name text,
     // 7.2 (which Kite follows) with "Function names can only contain...".

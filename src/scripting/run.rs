@@ -766,6 +766,9 @@ pub fn install_hook(lua: &Lua) {
     lua.set_hook(
         mlua::HookTriggers::new().every_nth_instruction(10_000),
         |_, _| {
+            if super::functions::load_timed_out() {
+                return Err(mlua::Error::RuntimeError("FUNCTION LOAD timeout".into()));
+            }
             let kill = RUN.with(|r| {
                 let mut guard = r.borrow_mut();
                 let Some(run) = guard.as_mut() else {
