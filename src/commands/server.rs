@@ -779,10 +779,26 @@ async_handler!(wait, |sess, args| {
         return sess.out.error("ERR timeout is negative");
     }
     if replicas > 0 {
-        if timeout == 0 {
-            std::future::pending::<()>().await;
+        // Wait out the timeout, but stop at once if the client leaves or is killed.
+        let sleep = async {
+            match timeout {
+                0 => std::future::pending().await,
+                ms => tokio::time::sleep(std::time::Duration::from_millis(ms as u64)).await,
+            }
+        };
+        tokio::pin!(sleep);
+        let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                _ = handle.wake.notified() => if handle.killed.get() { return },
+                r = crate::server::io::read_some(&stream, &mut sess.stash) => {
+                    if matches!(r, Ok(0) | Err(_)) {
+                        return;
+                    }
+                }
+            }
         }
-        tokio::time::sleep(std::time::Duration::from_millis(timeout as u64)).await;
     }
     sess.out.int(0);
 });
