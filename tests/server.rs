@@ -546,3 +546,20 @@ fn wait_answers_zero_replicas() {
         Resp::Error("ERR value is not an integer or out of range".into())
     );
 }
+
+/// A command sent while an earlier one is blocked (BLPOP, WAIT) is answered as soon as
+/// the blocked one returns, without waiting for more input.
+#[test]
+fn input_read_while_blocked_is_served_after() {
+    let kite = KiteServer::start(&[], 2);
+    for first in [vec!["BLPOP", "nolist", "0.2"], vec!["WAIT", "1", "200"]] {
+        let mut c = kite.client();
+        c.set_timeout(Some(std::time::Duration::from_secs(10)));
+        c.send(&first);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        c.send(&["PING"]);
+        let r = c.read();
+        assert!(r.is_null() || r.as_int() == Some(0), "{r}");
+        assert_eq!(c.read(), Resp::simple("PONG"), "after {}", first[0]);
+    }
+}

@@ -233,7 +233,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                 }
             }
         }
-        let full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
+        let mut full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
         if !cmds.is_empty() {
             let now = unix_ms();
             sess.handle.last_active.set(now);
@@ -243,6 +243,8 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             if !sess.stash.is_empty() {
                 rbuf.extend_from_slice(&sess.stash);
                 sess.stash.clear();
+                // Those bytes may hold whole commands: parse them before waiting to read.
+                full = true;
             }
         }
         if let Some(e) = protocol_error {
