@@ -1578,3 +1578,24 @@ fn busy_scripts_answer_busy_and_die_by_script_kill() {
     runner.set_timeout(Some(std::time::Duration::from_secs(120)));
     assert_eq!(runner.read().as_int(), Some(400_000_000));
 }
+
+/// MSET with a key and no value, its keys on two shards, called from a script: Redis's
+/// arity error, not a failure of the script engine.
+#[test]
+fn mset_missing_value_across_shards_inside_a_script() {
+    fn scenario(r: &mut Rec) {
+        let k = spread_keys("mo");
+        r.eval(
+            "return redis.call('mset', KEYS[1], 'a', KEYS[2])",
+            &[k[0].as_str(), k[1].as_str()],
+            &[],
+        );
+        r.eval(
+            "local ok, e = pcall(redis.call, 'mset', KEYS[1], 'a', KEYS[2]) return e",
+            &[k[0].as_str(), k[1].as_str()],
+            &[],
+        );
+        r.run(args!["MGET", k[0].as_str(), k[1].as_str()]);
+    }
+    run_against_redis(4, &[("mset_missing_value", scenario)]);
+}

@@ -442,7 +442,11 @@ fn spread(
                 parts.last_mut().expect("just pushed")
             }
         };
-        part.1.extend_from_slice(&argv[p..p + per_key]);
+        // MSET with a key and no value: the command's own arity error, as on one shard.
+        let Some(words) = argv.get(p..p + per_key) else {
+            return Err(crate::commands::arity_error(cmd.name).into_bytes());
+        };
+        part.1.extend_from_slice(words);
         part.2.push(i);
     }
     let mut values: Vec<Option<Vec<u8>>> = vec![None; positions.len()];
