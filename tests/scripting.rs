@@ -1599,3 +1599,39 @@ fn mset_missing_value_across_shards_inside_a_script() {
     }
     run_against_redis(4, &[("mset_missing_value", scenario)]);
 }
+
+/// A library whose top-level code never ends fails FUNCTION LOAD with Redis's timeout
+/// error instead of holding its thread forever; a library's top-level `redis.call`
+/// never runs, neither at FUNCTION LOAD nor when a thread reloads it before FCALL.
+#[test]
+fn function_load_times_out_and_library_code_cannot_call_commands() {
+    if kite_is_redis() {
+        return;
+    }
+    let kite = KiteServer::start(&[], 4);
+    let mut c = kite.client();
+    let r = c.cmd(&[
+        "FUNCTION",
+        "LOAD",
+        "#!lua name=endless\nlocal x = 0 while true do x = x + 1 end",
+    ]);
+    assert_eq!(
+        r.error_text(),
+        Some("ERR Error registering functions: ERR FUNCTION LOAD timeout")
+    );
+    assert_eq!(c.cmd(&["PING"]), Resp::simple("PONG"));
+    assert_eq!(
+        c.cmd(&[
+            "FUNCTION",
+            "LOAD",
+            "#!lua name=sneaky\nlocal ok = pcall(redis.call, 'set', 'load:key', '1')\nredis.register_function('sneaky', function() return tostring(ok) end)",
+        ]),
+        Resp::bulk("sneaky")
+    );
+    // New connections are dealt to every thread in turn, so each thread reloads.
+    for _ in 0..8 {
+        let mut d = kite.client();
+        assert_eq!(d.cmd(&["FCALL", "sneaky", "0"]), Resp::bulk("false"));
+    }
+    assert_eq!(c.cmd(&["EXISTS", "load:key"]).as_int(), Some(0));
+}

@@ -299,6 +299,11 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
     if bad_argument {
         return Err(b"ERR Lua redis lib command arguments must be strings or integers".to_vec());
     }
+    // A library's top-level code only registers functions, even when a reload before
+    // FCALL runs it inside a script.
+    if super::functions::loading() {
+        return Err(b"ERR redis.call is only available while a script runs".to_vec());
+    }
     if argv.is_empty() {
         return Err(b"ERR Please specify at least one argument for this redis lib call".to_vec());
     }
@@ -770,6 +775,9 @@ pub fn install_hook(lua: &Lua) {
     lua.set_hook(
         mlua::HookTriggers::new().every_nth_instruction(10_000),
         |_, _| {
+            if super::functions::load_timed_out() {
+                return Err(mlua::Error::RuntimeError("FUNCTION LOAD timeout".into()));
+            }
             let kill = RUN.with(|r| {
                 let mut guard = r.borrow_mut();
                 let Some(run) = guard.as_mut() else {
