@@ -1635,3 +1635,13 @@ fn function_load_times_out_and_library_code_cannot_call_commands() {
     }
     assert_eq!(c.cmd(&["EXISTS", "load:key"]).as_int(), Some(0));
 }
+
+/// `redis.sha1hex` of a whole number hashes its text, as Redis does.
+#[test]
+fn sha1hex_of_a_number_matches_redis() {
+    fn scenario(r: &mut Rec) {
+        r.eval("return redis.sha1hex(123)", &[], &[]);
+        r.eval("return redis.sha1hex(-7)", &[], &[]);
+    }
+    run_against_redis(1, &[("sha1hex_number", scenario)]);
+}

@@ -638,6 +638,8 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
             let s = match args.into_iter().next() {
                 Some(Value::String(s)) => s.as_bytes().to_vec(),
                 Some(Value::Number(n)) => format_double(n).into_bytes(),
+                // mlua hands whole numbers over as integers.
+                Some(Value::Integer(n)) => n.to_string().into_bytes(),
                 _ => Vec::new(),
             };
             lua.create_string(super::sha1_hex(&s))
@@ -681,6 +683,7 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
                 .map(|v| match v {
                     Value::String(s) => String::from_utf8_lossy(&s.as_bytes()).into_owned(),
                     Value::Number(n) => format_double(n),
+                    Value::Integer(n) => n.to_string(),
                     _ => String::new(),
                 })
                 .collect();
