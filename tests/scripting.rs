@@ -1579,3 +1579,70 @@ fn busy_scripts_answer_busy_and_die_by_script_kill() {
     runner.set_timeout(Some(std::time::Duration::from_secs(120)));
     assert_eq!(runner.read().as_int(), Some(400_000_000));
 }
+
+/// MSET with a key and no value, its keys on two shards, called from a script: Redis's
+/// arity error, not a failure of the script engine.
+#[test]
+fn mset_missing_value_across_shards_inside_a_script() {
+    fn scenario(r: &mut Rec) {
+        let k = spread_keys("mo");
+        r.eval(
+            "return redis.call('mset', KEYS[1], 'a', KEYS[2])",
+            &[k[0].as_str(), k[1].as_str()],
+            &[],
+        );
+        r.eval(
+            "local ok, e = pcall(redis.call, 'mset', KEYS[1], 'a', KEYS[2]) return e",
+            &[k[0].as_str(), k[1].as_str()],
+            &[],
+        );
+        r.run(args!["MGET", k[0].as_str(), k[1].as_str()]);
+    }
+    run_against_redis(4, &[("mset_missing_value", scenario)]);
+}
+
+/// A library whose top-level code never ends fails FUNCTION LOAD with Redis's timeout
+/// error instead of holding its thread forever; a library's top-level `redis.call`
+/// never runs, neither at FUNCTION LOAD nor when a thread reloads it before FCALL.
+#[test]
+fn function_load_times_out_and_library_code_cannot_call_commands() {
+    if kite_is_redis() {
+        return;
+    }
+    let kite = KiteServer::start(&[], 4);
+    let mut c = kite.client();
+    let r = c.cmd(&[
+        "FUNCTION",
+        "LOAD",
+        "#!lua name=endless\nlocal x = 0 while true do x = x + 1 end",
+    ]);
+    assert_eq!(
+        r.error_text(),
+        Some("ERR Error registering functions: ERR FUNCTION LOAD timeout")
+    );
+    assert_eq!(c.cmd(&["PING"]), Resp::simple("PONG"));
+    assert_eq!(
+        c.cmd(&[
+            "FUNCTION",
+            "LOAD",
+            "#!lua name=sneaky\nlocal ok = pcall(redis.call, 'set', 'load:key', '1')\nredis.register_function('sneaky', function() return tostring(ok) end)",
+        ]),
+        Resp::bulk("sneaky")
+    );
+    // New connections are dealt to every thread in turn, so each thread reloads.
+    for _ in 0..8 {
+        let mut d = kite.client();
+        assert_eq!(d.cmd(&["FCALL", "sneaky", "0"]), Resp::bulk("false"));
+    }
+    assert_eq!(c.cmd(&["EXISTS", "load:key"]).as_int(), Some(0));
+}
+
+/// `redis.sha1hex` of a whole number hashes its text, as Redis does.
+#[test]
+fn sha1hex_of_a_number_matches_redis() {
+    fn scenario(r: &mut Rec) {
+        r.eval("return redis.sha1hex(123)", &[], &[]);
+        r.eval("return redis.sha1hex(-7)", &[], &[]);
+    }
+    run_against_redis(1, &[("sha1hex_number", scenario)]);
+}

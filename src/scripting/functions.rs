@@ -107,6 +107,27 @@ impl Registry {
 /// Functions registered by the library being loaded on this thread.
 struct Loading {
     functions: Vec<(FunctionInfo, Function)>,
+    /// A library's code gets this long to run, as in Redis.
+    deadline: std::time::Instant,
+}
+
+/// How long a library's top-level code may run (Redis's FUNCTION LOAD timeout).
+const LOAD_TIME_LIMIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A library's top-level code is running on this thread (FUNCTION LOAD, or a reload
+/// before FCALL): `redis.call` is not available to it.
+pub fn loading() -> bool {
+    LOADING.with(|l| l.try_borrow().map_or(true, |l| l.is_some()))
+}
+
+/// The library being loaded has run past its time limit.
+pub fn load_timed_out() -> bool {
+    LOADING.with(|l| {
+        l.try_borrow().is_ok_and(|l| {
+            l.as_ref()
+                .is_some_and(|l| std::time::Instant::now() >= l.deadline)
+        })
+    })
 }
 
 thread_local! {
@@ -226,6 +247,7 @@ fn evaluate(vm: &Vm, code: &[u8]) -> Result<Vec<(FunctionInfo, Function)>, Strin
     LOADING.with(|l| {
         *l.borrow_mut() = Some(Loading {
             functions: Vec::new(),
+            deadline: std::time::Instant::now() + LOAD_TIME_LIMIT,
         })
     });
     LOAD_DEADLINE.with(|d| d.set(Some(std::time::Instant::now() + LOAD_TIMEOUT)));

@@ -299,6 +299,11 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
     if bad_argument {
         return Err(b"ERR Lua redis lib command arguments must be strings or integers".to_vec());
     }
+    // A library's top-level code only registers functions, even when a reload before
+    // FCALL runs it inside a script.
+    if super::functions::loading() {
+        return Err(b"ERR redis.call is only available while a script runs".to_vec());
+    }
     if argv.is_empty() {
         return Err(b"ERR Please specify at least one argument for this redis lib call".to_vec());
     }
@@ -442,7 +447,11 @@ fn spread(
                 parts.last_mut().expect("just pushed")
             }
         };
-        part.1.extend_from_slice(&argv[p..p + per_key]);
+        // MSET with a key and no value: the command's own arity error, as on one shard.
+        let Some(words) = argv.get(p..p + per_key) else {
+            return Err(crate::commands::arity_error(cmd.name).into_bytes());
+        };
+        part.1.extend_from_slice(words);
         part.2.push(i);
     }
     let mut values: Vec<Option<Vec<u8>>> = vec![None; positions.len()];
@@ -629,6 +638,8 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
             let s = match args.into_iter().next() {
                 Some(Value::String(s)) => s.as_bytes().to_vec(),
                 Some(Value::Number(n)) => format_double(n).into_bytes(),
+                // mlua hands whole numbers over as integers.
+                Some(Value::Integer(n)) => n.to_string().into_bytes(),
                 _ => Vec::new(),
             };
             lua.create_string(super::sha1_hex(&s))
@@ -672,6 +683,7 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
                 .map(|v| match v {
                     Value::String(s) => String::from_utf8_lossy(&s.as_bytes()).into_owned(),
                     Value::Number(n) => format_double(n),
+                    Value::Integer(n) => n.to_string(),
                     _ => String::new(),
                 })
                 .collect();
