@@ -132,18 +132,6 @@ pub fn load_timed_out() -> bool {
 
 thread_local! {
     static LOADING: RefCell<Option<Loading>> = const { RefCell::new(None) };
-    /// While a library's code runs: when it must have finished (Redis gives it 500 ms).
-    static LOAD_DEADLINE: std::cell::Cell<Option<std::time::Instant>> =
-        const { std::cell::Cell::new(None) };
-}
-
-/// How long a library's top-level code may run at FUNCTION LOAD.
-const LOAD_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// True when library code is running past its deadline (checked by the interpreter's
-/// hook, which then stops it with "FUNCTION LOAD timeout").
-pub fn load_timed_out() -> bool {
-    LOAD_DEADLINE.with(|d| d.get().is_some_and(|t| std::time::Instant::now() > t))
 }
 
 /// `redis.register_function(name, callback)` or `redis.register_function{...}`.
@@ -250,9 +238,7 @@ fn evaluate(vm: &Vm, code: &[u8]) -> Result<Vec<(FunctionInfo, Function)>, Strin
             deadline: std::time::Instant::now() + LOAD_TIME_LIMIT,
         })
     });
-    LOAD_DEADLINE.with(|d| d.set(Some(std::time::Instant::now() + LOAD_TIMEOUT)));
     let result = vm.run_script(&chunk);
-    LOAD_DEADLINE.with(|d| d.set(None));
     let loading = LOADING.with(|l| l.borrow_mut().take()).expect("set above");
     match result {
         Err(e) => Err(format!("ERR Error registering functions: {e}")),
