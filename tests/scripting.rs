@@ -1646,3 +1646,39 @@ fn sha1hex_of_a_number_matches_redis() {
     }
     run_against_redis(1, &[("sha1hex_number", scenario)]);
 }
+
+/// SCRIPT KILL stops scripts that loop inside a coroutine or catch the kill with pcall,
+/// as Redis does, and the thread serves scripts normally afterwards.
+#[test]
+fn script_kill_reaches_coroutines_and_pcall_loops() {
+    if kite_is_redis() {
+        return;
+    }
+    let kite = KiteServer::start(&[], 2);
+    let mut runner = kite.client();
+    let mut other = kite.client();
+    assert_eq!(
+        other.cmd(&["CONFIG", "SET", "busy-reply-threshold", "50"]),
+        Resp::ok()
+    );
+    for body in [
+        "coroutine.wrap(function() while true do end end)()",
+        "while true do pcall(function() while true do end end) end",
+    ] {
+        runner.send(&["EVAL", body, "0"]);
+        wait_until("BUSY", || {
+            other
+                .cmd(&["PING"])
+                .error_text()
+                .is_some_and(|e| e.starts_with("BUSY "))
+        });
+        assert_eq!(other.cmd(&["SCRIPT", "KILL"]), Resp::ok());
+        let r = runner.read();
+        assert_eq!(
+            r.error_text(),
+            Some("ERR Script killed by user with SCRIPT KILL..."),
+            "{body}"
+        );
+        assert_eq!(runner.cmd(&["EVAL", "return 7", "0"]), Resp::Integer(7));
+    }
+}

@@ -163,15 +163,12 @@ pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
         };
     }
     match result {
+        // Stopped by SCRIPT KILL: whatever the script did with the error (it may have
+        // caught it, or been stopped inside the error handler), it ends with this.
+        _ if run.killed => out.error("ERR Script killed by user with SCRIPT KILL..."),
         Err(msg) => out.error(&msg),
         Ok(Ok(v)) => lua_to_reply(&v, &mut out, run.resp3, 0),
-        Ok(Err(e)) => {
-            if run.killed {
-                out.error("ERR Script killed by user with SCRIPT KILL...");
-            } else {
-                error_reply(&e, &label, &mut out)
-            }
-        }
+        Ok(Err(e)) => error_reply(&e, &label, &mut out),
     }
     {
         let mut shard = worker.shard.borrow_mut();
@@ -772,56 +769,96 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
     Ok(redis)
 }
 
-/// Every so many instructions: notice a script past the busy threshold (so other
-/// threads answer BUSY), and stop one that SCRIPT KILL named.
+/// Instructions between two looks at the clock while a script runs.
+const HOOK_EVERY: i32 = 10_000;
+
+/// The interpreter's hook, installed through the C API rather than mlua so that it also
+/// runs inside coroutines (Lua 5.1 copies a thread's hook into the coroutines it
+/// creates). Every `HOOK_EVERY` instructions it notices a script past the busy threshold
+/// (so other threads answer BUSY) and stops one that SCRIPT KILL named, or library code
+/// past its load time. Once it stops something it fires on every line, so a script that
+/// catches the error with pcall is stopped again at once, as Redis does (the run then
+/// ends with the kill error whatever became of it).
+///
+/// # Safety
+/// Called by Lua with a live state; raises a Lua error only after every Rust value it
+/// made is gone.
+pub unsafe extern "C-unwind" fn hook(
+    state: *mut mlua::ffi::lua_State,
+    _ar: *mut mlua::ffi::lua_Debug,
+) {
+    use mlua::ffi;
+    let Some((msg, kill)) = hook_verdict() else {
+        return;
+    };
+    if kill {
+        ffi::lua_sethook(state, Some(hook), ffi::LUA_MASKLINE | ffi::LUA_MASKCOUNT, 1);
+        TIGHT_HOOK.with(|t| t.set(true));
+    }
+    ffi::lua_pushstring(state, msg.as_ptr());
+    ffi::lua_error(state);
+}
+
+thread_local! {
+    /// The hook was switched to every line by a stop; the next script puts it back.
+    static TIGHT_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs (or restores, after a stop) the counting hook on the interpreter's state.
 pub fn install_hook(lua: &Lua) {
-    lua.set_hook(
-        mlua::HookTriggers::new().every_nth_instruction(10_000),
-        |_, _| {
-            if super::functions::load_timed_out() {
-                return Err(mlua::Error::RuntimeError("FUNCTION LOAD timeout".into()));
-            }
-            let kill = RUN.with(|r| {
-                let mut guard = r.borrow_mut();
-                let Some(run) = guard.as_mut() else {
-                    return false;
-                };
-                let shared = &run.worker.shared;
-                let threshold = shared
-                    .tunables
-                    .busy_reply_threshold_ms
-                    .load(Ordering::Relaxed);
-                let id = run.worker.id;
-                if threshold > 0
-                    && run.started.elapsed().as_millis() as u64 >= threshold
-                    && shared.busy[id]
-                        .compare_exchange(
-                            BUSY_STARTED,
-                            BUSY_RUNNING,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok()
-                {
-                    shared.busy_count.fetch_add(1, Ordering::AcqRel);
-                    tracing::warn!(
-                        "a script has run for {threshold} ms: other clients get BUSY until it ends"
-                    );
-                }
-                if shared.busy[id].load(Ordering::Acquire) == BUSY_KILL {
-                    run.killed = true;
-                    return true;
-                }
-                false
-            });
-            if kill {
-                return Err(mlua::Error::RuntimeError(
-                    "Script killed by user with SCRIPT KILL...".into(),
-                ));
-            }
-            Ok(mlua::VmState::Continue)
-        },
-    );
+    // SAFETY: lua_sethook only stores the hook in the state mlua hands us.
+    let _ = unsafe {
+        lua.exec_raw::<()>((), |state| {
+            mlua::ffi::lua_sethook(state, Some(hook), mlua::ffi::LUA_MASKCOUNT, HOOK_EVERY);
+        })
+    };
+    TIGHT_HOOK.with(|t| t.set(false));
+}
+
+/// Puts the counting hook back if a stop tightened it.
+pub fn relax_hook(lua: &Lua) {
+    if TIGHT_HOOK.with(|t| t.get()) {
+        install_hook(lua);
+    }
+}
+
+/// What the hook must raise, if anything, and whether it is SCRIPT KILL (which then
+/// fires on every line): the load timeout or the kill.
+fn hook_verdict() -> Option<(&'static std::ffi::CStr, bool)> {
+    if super::functions::load_timed_out() {
+        return Some((c"FUNCTION LOAD timeout", false));
+    }
+    RUN.with(|r| {
+        let mut guard = r.try_borrow_mut().ok()?;
+        let run = guard.as_mut()?;
+        let shared = &run.worker.shared;
+        let threshold = shared
+            .tunables
+            .busy_reply_threshold_ms
+            .load(Ordering::Relaxed);
+        let id = run.worker.id;
+        if threshold > 0
+            && run.started.elapsed().as_millis() as u64 >= threshold
+            && shared.busy[id]
+                .compare_exchange(
+                    BUSY_STARTED,
+                    BUSY_RUNNING,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        {
+            shared.busy_count.fetch_add(1, Ordering::AcqRel);
+            tracing::warn!(
+                "a script has run for {threshold} ms: other clients get BUSY until it ends"
+            );
+        }
+        if shared.busy[id].load(Ordering::Acquire) == BUSY_KILL {
+            run.killed = true;
+            return Some((c"Script killed by user with SCRIPT KILL...", true));
+        }
+        None
+    })
 }
 
 /// Per-thread script state others can see: idle, running under the threshold, running

@@ -41,7 +41,9 @@ pub fn with_vm<R>(f: impl FnOnce(&mut Vm) -> R) -> R {
         if slot.is_none() {
             *slot = Some(Vm::new().expect("the Lua interpreter starts"));
         }
-        f(slot.as_mut().expect("just created"))
+        let vm = slot.as_mut().expect("just created");
+        run::relax_hook(&vm.lua);
+        f(vm)
     })
 }
 
