@@ -581,6 +581,20 @@ fn keys_argv_binary(r: &mut Rec) {
 /// Errors, with Redis's exact text and the `script: <sha>, on @user_script:<line>.` suffix.
 fn error_texts(r: &mut Rec) {
     r.run(args!["SET", "s", "str"]);
+    // numkeys is parsed strictly; FCALL says so in its own words; SELECT and the reply
+    // helpers check their arguments as Redis does.
+    r.run(args!["EVAL", "return 1", "+1", "a"]);
+    r.run(args!["EVAL", "return 1", "01", "a"]);
+    r.run(args!["FCALL", "nosuchfunction", "x"]);
+    for body in [
+        "return redis.call('select', '-1')",
+        "return redis.call('select', '+1')",
+        "return redis.error_reply(1)",
+        "return redis.status_reply()",
+        "return {redis.status_reply('fine'), redis.error_reply(2)}",
+    ] {
+        r.eval(body, &[], &[]);
+    }
     for body in [
         "return (",
         "local x = = 1",

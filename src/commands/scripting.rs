@@ -18,9 +18,8 @@ use crate::shard::{broadcast, hop};
 pub fn eval_keys(args: &[Bytes]) -> Vec<usize> {
     let n = args
         .get(2)
-        .and_then(|a| std::str::from_utf8(a).ok())
-        .and_then(|s| s.parse::<usize>().ok())
-        .unwrap_or(0);
+        .and_then(|a| super::util::parse_i64(a).ok())
+        .map_or(0, |n| n.max(0) as usize);
     (3..(3 + n).min(args.len())).collect()
 }
 
@@ -62,10 +61,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
     {
         return sess.out.error("ERR Function not found");
     }
-    let numkeys = match std::str::from_utf8(&args[2])
-        .ok()
-        .and_then(|s| s.parse::<i64>().ok())
-    {
+    let numkeys = match super::util::parse_i64(&args[2]).ok() {
         Some(n) if n < 0 => return sess.out.error("ERR Number of keys can't be negative"),
         Some(n) if n as usize > args.len() - 3 => {
             return sess
@@ -73,6 +69,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
                 .error("ERR Number of keys can't be greater than number of args")
         }
         Some(n) => n as usize,
+        None if kind == Kind::Fcall => return sess.out.error("ERR Bad number of keys provided"),
         None => {
             return sess
                 .out

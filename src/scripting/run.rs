@@ -520,19 +520,14 @@ fn keyless(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<R
             out.bulk((us / 1_000_000).to_string().as_bytes());
             out.bulk((us % 1_000_000).to_string().as_bytes());
         }
-        "select" => {
-            let db = std::str::from_utf8(&argv[1])
-                .ok()
-                .and_then(|s| s.parse::<usize>().ok());
-            match db {
-                Some(db) if db < run.worker.shared.tunables.databases => {
-                    run.db = db;
-                    out.ok();
-                }
-                Some(_) => out.error("ERR DB index is out of range"),
-                None => out.error("ERR value is not an integer or out of range"),
+        "select" => match crate::commands::util::parse_i64(&argv[1]) {
+            Ok(db) if (0..run.worker.shared.tunables.databases as i64).contains(&db) => {
+                run.db = db as usize;
+                out.ok();
             }
-        }
+            Ok(_) => out.error("ERR DB index is out of range"),
+            Err(e) => out.error(e),
+        },
         "publish" => {
             // Delivered to every thread's subscribers; the count is this thread's, since
             // a script cannot wait for the others.
@@ -621,6 +616,19 @@ pub fn sync_queues(n: usize) -> Vec<Mutex<VecDeque<Msg>>> {
     (0..n).map(|_| Mutex::new(VecDeque::new())).collect()
 }
 
+/// The one string argument of `redis.error_reply` and `redis.status_reply`; with
+/// anything else they return (not raise) Redis's error table.
+fn single_string(lua: &Lua, args: MultiValue) -> mlua::Result<Result<mlua::String, Table>> {
+    match args.into_iter().collect::<Vec<_>>().as_slice() {
+        [Value::String(s)] => Ok(Ok(s.clone())),
+        _ => {
+            let t = lua.create_table()?;
+            t.raw_set("err", "ERR wrong number or type of arguments")?;
+            Ok(Err(t))
+        }
+    }
+}
+
 /// The `redis` table, less `call` and `pcall` (which the sandbox wraps in Lua).
 pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
     let redis = lua.create_table()?;
@@ -644,7 +652,11 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
     )?;
     redis.raw_set(
         "error_reply",
-        lua.create_function(|lua, msg: mlua::String| {
+        lua.create_function(|lua, args: MultiValue| {
+            let msg = match single_string(lua, args)? {
+                Ok(m) => m,
+                Err(t) => return Ok(t),
+            };
             let t = lua.create_table()?;
             t.raw_set("err", lua.create_string(normalize_error(&msg.as_bytes()))?)?;
             Ok(t)
@@ -652,7 +664,11 @@ pub fn redis_api(lua: &Lua) -> mlua::Result<Table> {
     )?;
     redis.raw_set(
         "status_reply",
-        lua.create_function(|lua, msg: mlua::String| {
+        lua.create_function(|lua, args: MultiValue| {
+            let msg = match single_string(lua, args)? {
+                Ok(m) => m,
+                Err(t) => return Ok(t),
+            };
             let t = lua.create_table()?;
             t.raw_set("ok", msg)?;
             Ok(t)
