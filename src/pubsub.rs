@@ -121,14 +121,18 @@ impl Registry {
 }
 
 /// Publishes without waiting for the count (keyspace notifications).
-pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) {
+///
+/// Returns how many receivers this thread had (a script's PUBLISH reports those, as it
+/// cannot wait for the other threads' counts).
+pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
     let shared = &worker.shared;
+    let mut here = 0;
     for t in 0..worker.nshards() {
         if shared.subscriptions[t].load(Ordering::Acquire) == 0 {
             continue;
         }
         if t == worker.id {
-            worker.clients.borrow().pubsub.deliver(&channel, &message);
+            here = worker.clients.borrow().pubsub.deliver(&channel, &message);
         } else {
             let (c, m) = (channel.clone(), message.clone());
             shared.send(
@@ -139,6 +143,7 @@ pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) {
             );
         }
     }
+    here
 }
 
 /// Publishes and counts the receivers on every thread (PUBLISH).

@@ -49,18 +49,17 @@ async_handler!(fcall_ro, |sess, args| {
     call(sess, args, Kind::Fcall, true).await
 });
 
-fn over_maxmemory(sess: &Session) -> bool {
-    sess.over_maxmemory()
-}
-
 async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool) {
-    if kind == Kind::Fcall
-        && scripting_mod::registry()
-            .function_flags(&String::from_utf8_lossy(&args[1]))
-            .is_none()
-    {
-        return sess.out.error("ERR Function not found");
-    }
+    // FCALL names a missing function before it looks at numkeys, as Redis does.
+    let function = if kind == Kind::Fcall {
+        let name = String::from_utf8_lossy(&args[1]).into_owned();
+        match scripting_mod::registry().function_flags(&name) {
+            Some(flags) => Some((name, flags)),
+            None => return sess.out.error("ERR Function not found"),
+        }
+    } else {
+        None
+    };
     let numkeys = match super::util::parse_i64(&args[2]).ok() {
         Some(n) if n < 0 => return sess.out.error("ERR Number of keys can't be negative"),
         Some(n) if n as usize > args.len() - 3 => {
@@ -101,11 +100,8 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             }
         }
         Kind::Fcall => {
-            let name = String::from_utf8_lossy(&args[1]).into_owned();
-            match scripting_mod::registry().function_flags(&name) {
-                Some(f) => (Body::Function(name), f),
-                None => return sess.out.error("ERR Function not found"),
-            }
+            let (name, flags) = function.expect("looked up above");
+            (Body::Function(name), flags)
         }
     };
     if read_only && flags.shebang && !flags.no_writes {
@@ -113,7 +109,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             .out
             .error("ERR Can not execute a script with write flag using *_ro command.");
     }
-    if flags.shebang && !flags.no_writes && !flags.allow_oom && over_maxmemory(sess) {
+    if flags.shebang && !flags.no_writes && !flags.allow_oom && sess.over_maxmemory() {
         return sess
             .out
             .error("OOM command not allowed when used memory > 'maxmemory'.");
@@ -142,20 +138,16 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
         // EXEC already holds every shard.
         job.global = true;
         job.remote = false;
-        Some(run::run_job(&worker, job.clone()))
+        Some(run::run_job(&worker, &job))
     } else if spread || wide {
         None
     } else {
-        if sess.affinity.0 == target {
-            sess.affinity.1 = sess.affinity.1.saturating_add(1);
-        } else {
-            sess.affinity = (target, 1);
-        }
+        crate::server::conn::note_affinity(sess, target, 1);
         let outcome = if target == worker.id {
-            run::run_job(&worker, job.clone())
+            run::run_job(&worker, &job)
         } else {
             let j = job.clone();
-            hop(&worker, target, move |w| run::run_job(w, j)).await
+            hop(&worker, target, move |w| run::run_job(w, &j)).await
         };
         if outcome.restart {
             match &job.body {
@@ -178,7 +170,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             let tx = Tx::lock_keys(&worker, &[], true).await;
             job.global = true;
             job.remote = target != worker.id;
-            let o = hop(&worker, target, move |w| run::run_job(w, job)).await;
+            let o = hop(&worker, target, move |w| run::run_job(w, &job)).await;
             drop(tx);
             o
         }

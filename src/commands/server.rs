@@ -716,10 +716,15 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
 // ---- TIME, LASTSAVE, SHUTDOWN, DEBUG ----
 
 pub fn time(sess: &mut Session, _args: &[Bytes]) {
+    write_time(&mut sess.out);
+}
+
+/// TIME's reply: unix seconds and microseconds, as bulk strings.
+pub fn write_time(out: &mut crate::protocol::reply::Reply) {
     let us = unix_us();
-    sess.out.array(2);
-    sess.out.bulk((us / 1_000_000).to_string().as_bytes());
-    sess.out.bulk((us % 1_000_000).to_string().as_bytes());
+    out.array(2);
+    out.bulk((us / 1_000_000).to_string().as_bytes());
+    out.bulk((us % 1_000_000).to_string().as_bytes());
 }
 
 pub fn lastsave(sess: &mut Session, _args: &[Bytes]) {

@@ -90,7 +90,7 @@ pub struct Job {
 
 /// Runs a job on this thread. On the fast path (`job.global` false) the caller made sure
 /// this thread owns the declared keys.
-pub fn run_job(worker: &Rc<Worker>, job: Job) -> Outcome {
+pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
     let mut out = Reply::new(job.resp3);
     if !job.global {
         let shard = worker.shard.borrow();
@@ -331,17 +331,12 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
         if run.check_oom
             && !run.wrote
             && cmd.has(flags::DENYOOM)
-            && over_maxmemory(&run.worker.shared)
+            && run.worker.shared.over_maxmemory()
         {
             return Err(b"OOM command not allowed when used memory > 'maxmemory'.".to_vec());
         }
         dispatch(run, cmd, &argv)
     })
-}
-
-fn over_maxmemory(shared: &Shared) -> bool {
-    let max = shared.tunables.maxmemory.load(Ordering::Relaxed);
-    max > 0 && shared.used_memory.load(Ordering::Relaxed) as u64 > max
 }
 
 /// Runs one command of a script where its keys live.
@@ -514,12 +509,7 @@ fn keyless(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<R
             }
         }
         "echo" => out.bulk(&argv[1]),
-        "time" => {
-            let us = crate::shard::unix_us();
-            out.array(2);
-            out.bulk((us / 1_000_000).to_string().as_bytes());
-            out.bulk((us % 1_000_000).to_string().as_bytes());
-        }
+        "time" => crate::commands::server::write_time(&mut out),
         "select" => match crate::commands::util::parse_i64(&argv[1]) {
             Ok(db) if (0..run.worker.shared.tunables.databases as i64).contains(&db) => {
                 run.db = db as usize;
@@ -529,26 +519,7 @@ fn keyless(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<R
             Err(e) => out.error(e),
         },
         "publish" => {
-            // Delivered to every thread's subscribers; the count is this thread's, since
-            // a script cannot wait for the others.
-            let n = run
-                .worker
-                .clients
-                .borrow()
-                .pubsub
-                .deliver(&argv[1], &argv[2]);
-            let worker = run.worker.clone();
-            for t in 0..worker.nshards() {
-                if t != worker.id && worker.shared.subscriptions[t].load(Ordering::Acquire) > 0 {
-                    let (c, m) = (argv[1].clone(), argv[2].clone());
-                    worker.shared.send(
-                        t,
-                        Box::new(move |w| {
-                            w.clients.borrow().pubsub.deliver(&c, &m);
-                        }),
-                    );
-                }
-            }
+            let n = crate::pubsub::publish(&run.worker, argv[1].clone(), argv[2].clone());
             out.int(n as i64);
         }
         _ => {

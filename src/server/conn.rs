@@ -341,7 +341,7 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
     }
 }
 
-fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
+pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
     if sess.affinity.0 == shard {
         sess.affinity.1 = sess.affinity.1.saturating_add(n);
     } else {

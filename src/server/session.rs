@@ -3,7 +3,6 @@
 use std::rc::Rc;
 
 use bytes::Bytes;
-use std::sync::atomic::Ordering;
 
 use crate::commands::transactions::{MultiState, WatchState};
 use crate::commands::Command;
@@ -88,13 +87,7 @@ impl Session {
     }
 
     pub fn over_maxmemory(&self) -> bool {
-        let max = self
-            .worker
-            .shared
-            .tunables
-            .maxmemory
-            .load(Ordering::Relaxed);
-        max > 0 && self.worker.shared.used_memory.load(Ordering::Relaxed) as u64 > max
+        self.worker.shared.over_maxmemory()
     }
 
     /// Counts a command that ran on this thread (connection and cross-shard commands).

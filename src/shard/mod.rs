@@ -110,6 +110,12 @@ impl Shared {
         })
     }
 
+    /// Memory use is past `maxmemory` (0: no limit): commands that grow memory are refused.
+    pub fn over_maxmemory(&self) -> bool {
+        let max = self.tunables.maxmemory.load(Ordering::Relaxed);
+        max > 0 && self.used_memory.load(Ordering::Relaxed) as u64 > max
+    }
+
     pub fn uptime_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
