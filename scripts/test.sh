@@ -109,7 +109,7 @@ PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); pr
 SERVER_LOG="$(mktemp -t kite-clients.XXXXXX.log)"
 case "$BIN" in
     *redis-server) "$BIN" --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no >"$SERVER_LOG" 2>&1 & ;;
-    *) "$BIN" --port "$PORT" --bind 127.0.0.1 --threads 2 >"$SERVER_LOG" 2>&1 & ;;
+    *) "$BIN" --port "$PORT" --bind 127.0.0.1 --threads 2 --save "" --dir "$(dirname "$SERVER_LOG")" >"$SERVER_LOG" 2>&1 & ;;
 esac
 SERVER_PID=$!
 cleanup() {

@@ -107,7 +107,7 @@ pub static PARAMS: &[Param] = &[
     p("hz", Kind::Int(1, 500), "10", true, true),
     p("notify-keyspace-events", Kind::Text, "", true, true),
     // Accepted and reported; no effect in Kite (yet).
-    p("save", Kind::Text, "", true, false),
+    p("save", Kind::Text, "3600 1 300 100 60 10000", true, true),
     p("appendonly", YESNO, "no", true, false),
     p(
         "appendfsync",
@@ -118,8 +118,8 @@ pub static PARAMS: &[Param] = &[
     ),
     p("appendfilename", Kind::Text, "appendonly.aof", false, false),
     p("appenddirname", Kind::Text, "appendonlydir", false, false),
-    p("dir", Kind::Text, ".", true, false),
-    p("dbfilename", Kind::Text, "dump.rdb", true, false),
+    p("dir", Kind::Text, ".", true, true),
+    p("dbfilename", Kind::Text, "dump.rdb", true, true),
     p("daemonize", YESNO, "no", false, false),
     p("protected-mode", YESNO, "yes", true, false),
     p("tcp-backlog", Kind::Int(0, I64MAX), "511", false, false),
@@ -136,9 +136,11 @@ pub static PARAMS: &[Param] = &[
     p("pidfile", Kind::Text, "", false, false),
     p("always-show-logo", YESNO, "no", false, false),
     p("set-proc-title", YESNO, "yes", false, false),
-    p("stop-writes-on-bgsave-error", YESNO, "yes", true, false),
-    p("rdbcompression", YESNO, "yes", true, false),
-    p("rdbchecksum", YESNO, "yes", false, false),
+    p("stop-writes-on-bgsave-error", YESNO, "yes", true, true),
+    p("rdbcompression", YESNO, "yes", true, true),
+    // Kite's own: the RDB version written (10: Redis 7.0 and later load it; 11: 7.2).
+    p("rdb-version", Kind::Int(10, 11), "10", true, true),
+    p("rdbchecksum", YESNO, "yes", false, true),
     p("rdb-del-sync-files", YESNO, "no", true, false),
     p("replica-serve-stale-data", YESNO, "yes", true, false),
     p("replica-read-only", YESNO, "yes", true, false),
@@ -382,6 +384,27 @@ pub fn parse_memory(s: &str) -> Option<u64> {
 
 /// Normalises a value for storage, or says why it is not acceptable.
 fn validate(param: &Param, value: &str) -> Result<String, String> {
+    if param.name == "save" {
+        return match crate::persist::snapshot::parse_save_points(value) {
+            Some(_) => Ok(value.split_whitespace().collect::<Vec<_>>().join(" ")),
+            None => Err("Invalid save parameters".into()),
+        };
+    }
+    if param.name == "dir" {
+        // Kept absolute, as Redis (which chdir()s there) reports it.
+        return match std::fs::canonicalize(value) {
+            Ok(p) if p.is_dir() => Ok(p.to_string_lossy().into_owned()),
+            Ok(_) => Err("Not a directory".into()),
+            Err(e) => Err(match e.kind() {
+                std::io::ErrorKind::NotFound => "No such file or directory".into(),
+                std::io::ErrorKind::PermissionDenied => "Permission denied".into(),
+                _ => e.to_string(),
+            }),
+        };
+    }
+    if param.name == "dbfilename" && (value.contains('/') || value.is_empty()) {
+        return Err("dbfilename can't be a path, just a filename".into());
+    }
     if param.name == "notify-keyspace-events" {
         return crate::pubsub::parse_classes(value)
             .map(crate::pubsub::classes_text)

@@ -5,6 +5,7 @@ mod clock;
 mod commands;
 mod config;
 mod memory;
+mod persist;
 mod protocol;
 mod pubsub;
 mod scripting;
@@ -163,9 +164,54 @@ fn run_id() -> String {
         .collect()
 }
 
+/// Splits the command line into what clap parses and redis-server-style `--name value`
+/// pairs naming any other configuration parameter (`--dir /data --save ""`).
+fn split_config_flags(args: Vec<String>) -> (Vec<String>, Vec<(String, String)>) {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let known: Vec<String> = cmd
+        .get_arguments()
+        .flat_map(|a| {
+            a.get_long()
+                .into_iter()
+                .chain(a.get_all_aliases().into_iter().flatten())
+                .map(|l| l.replace('_', "-"))
+        })
+        .chain(["help".to_string(), "version".to_string()])
+        .collect();
+    let mut keep = Vec::with_capacity(args.len());
+    let mut pairs = Vec::new();
+    let mut it = args.into_iter().peekable();
+    while let Some(a) = it.next() {
+        let name = a.strip_prefix("--").map(|n| n.replace('_', "-"));
+        match name {
+            Some(n) if !n.is_empty() && !known.contains(&n) && config::find_param(&n).is_some() => {
+                let value = match it.peek() {
+                    Some(v) if !v.starts_with("--") => it.next().unwrap_or_default(),
+                    _ => String::new(),
+                };
+                pairs.push((n, value));
+            }
+            _ => keep.push(a),
+        }
+    }
+    (keep, pairs)
+}
+
 fn main() {
-    let cli = Cli::parse();
-    let config = match build_config(&cli) {
+    let (args, config_flags) = split_config_flags(std::env::args().collect());
+    let cli = Cli::parse_from(args);
+    let config = match build_config(&cli).and_then(|mut c| {
+        for (name, value) in &config_flags {
+            c.set_initial(name, value)
+                .map_err(|e| format!("--{name}: {e}"))?;
+        }
+        // Resolve `dir` once, as Redis does by moving there at start-up.
+        let dir = c.get("dir").to_string();
+        c.set_initial("dir", &dir)
+            .map_err(|e| format!("Can't chdir to '{dir}': {e}"))?;
+        Ok(c)
+    }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -237,6 +283,7 @@ fn main() {
         busy_wrote: (0..threads).map(|_| AtomicBool::new(false)).collect(),
         busy_count: AtomicUsize::new(0),
         sync_calls: scripting::run::sync_queues(threads),
+        persist: persist::State::new(),
     });
     memory::refresh(&shared);
     tracing::info!(

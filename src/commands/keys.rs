@@ -1,5 +1,6 @@
 //! The keyspace family: DEL, EXISTS, TYPE, RENAME, COPY, MOVE, KEYS, SCAN, RANDOMKEY,
-//! expiry, OBJECT, and the whole-database commands (DBSIZE, FLUSHDB, FLUSHALL, SWAPDB).
+//! expiry, OBJECT, DUMP/RESTORE, and the whole-database commands (DBSIZE, FLUSHDB,
+//! FLUSHALL, SWAPDB).
 
 use bytes::Bytes;
 
@@ -311,6 +312,112 @@ pub fn move_(ctx: &mut ExecCtx, args: &[Bytes]) {
     ctx.notify(b'g', "move_from", key);
     ctx.shard.event(target, b'g', "move_to", key);
     ctx.out.int(1);
+}
+
+// ---- DUMP / RESTORE ----
+
+/// The RDB options DUMP writes with (version, rdbcompression).
+fn dump_options(sh: &Shard) -> crate::persist::rdb::write::Options {
+    let c = sh.shared.config.lock().expect("config lock");
+    crate::persist::rdb::write::Options {
+        version: c.get_i64("rdb-version") as u16,
+        compress: c.get_bool("rdbcompression"),
+    }
+}
+
+pub fn dump(ctx: &mut ExecCtx, args: &[Bytes]) {
+    let opts = dump_options(ctx.shard);
+    let (entry, out) = ctx.get_read_and_out(&args[1]);
+    match entry {
+        Some(e) => out.bulk(&crate::persist::rdb::write::dump_payload(&e.value, &opts)),
+        None => out.null(),
+    }
+}
+
+/// RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME seconds] [FREQ frequency], with
+/// Redis's checks in Redis's order.
+pub fn restore(ctx: &mut ExecCtx, args: &[Bytes]) {
+    let (mut replace, mut absttl) = (false, false);
+    let (mut idle, mut freq): (Option<i64>, Option<i64>) = (None, None);
+    let mut j = 4;
+    while j < args.len() {
+        let more = j + 1 < args.len();
+        if eq_ci(&args[j], "replace") {
+            replace = true;
+        } else if eq_ci(&args[j], "absttl") {
+            absttl = true;
+        } else if eq_ci(&args[j], "idletime") && more && freq.is_none() {
+            let Ok(v) = parse_i64(&args[j + 1]) else {
+                return ctx.out.error(NOT_INT);
+            };
+            if v < 0 {
+                return ctx.out.error("ERR Invalid IDLETIME value, must be >= 0");
+            }
+            idle = Some(v);
+            j += 1;
+        } else if eq_ci(&args[j], "freq") && more && idle.is_none() {
+            let Ok(v) = parse_i64(&args[j + 1]) else {
+                return ctx.out.error(NOT_INT);
+            };
+            if !(0..=255).contains(&v) {
+                return ctx
+                    .out
+                    .error("ERR Invalid FREQ value, must be >= 0 and <= 255");
+            }
+            // Kite keeps no LFU counters: the frequency is accepted and not kept.
+            freq = Some(v);
+            j += 1;
+        } else {
+            return ctx.out.error(SYNTAX_ERR);
+        }
+        j += 1;
+    }
+    let key = &args[1];
+    if !replace && ctx.exists(key) {
+        return ctx.out.error("BUSYKEY Target key name already exists.");
+    }
+    let Ok(mut ttl) = parse_i64(&args[2]) else {
+        return ctx.out.error(NOT_INT);
+    };
+    if ttl < 0 {
+        return ctx.out.error("ERR Invalid TTL value, must be >= 0");
+    }
+    let verify = ctx
+        .shard
+        .shared
+        .config
+        .lock()
+        .expect("config lock")
+        .get_bool("rdbchecksum");
+    let value = match crate::persist::rdb::read::read_payload(&args[3], verify) {
+        Ok(v) => v,
+        Err(true) => {
+            return ctx
+                .out
+                .error("ERR DUMP payload version or checksum are wrong")
+        }
+        Err(false) => return ctx.out.error("ERR Bad data format"),
+    };
+    let deleted = replace && ctx.delete(key);
+    if ttl != 0 && !absttl {
+        ttl = ttl.saturating_add(ctx.now_ms as i64);
+    }
+    if ttl != 0 && ttl <= ctx.now_ms as i64 {
+        if deleted {
+            ctx.notify(b'g', "del", key);
+        }
+        return ctx.out.ok();
+    }
+    ctx.set(key, value, ttl as u64);
+    if let Some(idle) = idle {
+        let lru = ctx.shard.lru_at(ctx.now_ms);
+        if let Some(e) = ctx.shard.dbs[ctx.db].table.get_mut(key) {
+            e.lru = lru.saturating_sub(idle.min(u32::MAX as i64) as u32);
+        }
+    }
+    ctx.key_ready(key);
+    ctx.notify(b'g', "restore", key);
+    ctx.out.ok();
 }
 
 // ---- Whole-keyspace reads: KEYS, SCAN, RANDOMKEY, DBSIZE ----

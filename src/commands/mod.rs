@@ -4,6 +4,7 @@ pub mod connection;
 pub mod hashes;
 pub mod keys;
 pub mod lists;
+pub mod persistence;
 pub mod pubsub;
 pub mod scripting;
 pub mod server;
@@ -77,6 +78,7 @@ pub mod flags {
     pub const ALLOW_BUSY: u32 = 1 << 16;
     /// Touches every shard (FLUSHALL, SWAPDB...): inside a transaction it locks them whole.
     pub const GLOBAL: u32 = 1 << 17;
+    pub const NO_ASYNC_LOADING: u32 = 1 << 18;
 
     pub const NAMES: &[(u32, &str)] = &[
         (WRITE, "write"),
@@ -95,6 +97,7 @@ pub mod flags {
         (MAY_REPLICATE, "may_replicate"),
         (NO_MULTI, "no_multi"),
         (ALLOW_BUSY, "allow_busy"),
+        (NO_ASYNC_LOADING, "no_async_loading"),
     ];
 
     pub fn parse(s: &str) -> u32 {
@@ -429,6 +432,25 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
             "OOM command not allowed when used memory > 'maxmemory'.",
         );
         return;
+    }
+    let gate = sess.worker.shared.persist.gate();
+    if gate != 0 {
+        if gate & crate::persist::GATE_LOADING != 0 && !cmd.has(flags::LOADING) {
+            reject_command(sess, cmd, crate::persist::LOADING_ERR);
+            return;
+        }
+        // As in Redis, a failed snapshot stops writes (and PING) until one succeeds.
+        let writes = cmd.has(flags::WRITE)
+            || cmd.name == "ping"
+            || (cmd.name == "exec"
+                && sess
+                    .multi
+                    .as_ref()
+                    .is_some_and(|m| m.queued.iter().any(|(c, _)| c.has(flags::WRITE))));
+        if gate & crate::persist::GATE_MISCONF != 0 && writes {
+            reject_command(sess, cmd, crate::persist::MISCONF_ERR);
+            return;
+        }
     }
     if sess
         .worker

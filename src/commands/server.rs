@@ -32,6 +32,7 @@ struct ThreadReport {
     patterns: Vec<Bytes>,
     lock_waits: u64,
     dirty: u64,
+    dirty_saved: u64,
 }
 
 fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
@@ -90,6 +91,7 @@ fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
         blocking_keys: sh.blocking.keys_count() as u64,
         lock_waits: sh.locks.waited_total,
         dirty: sh.dirty,
+        dirty_saved: sh.dirty_saved,
     }
 }
 
@@ -238,11 +240,34 @@ async_handler!(info, |sess, args| {
         );
     }
     if show("persistence") {
+        let ps = &shared.persist;
+        let loading = ps.loading.load(Ordering::Acquire);
+        let bg = ps.bgsave_in_progress.load(Ordering::Acquire);
         let _ = write!(
             s,
-            "# Persistence\r\nloading:0\r\nasync_loading:0\r\ncurrent_cow_peak:0\r\nrdb_changes_since_last_save:{}\r\nrdb_bgsave_in_progress:0\r\nrdb_last_save_time:{}\r\nrdb_last_bgsave_status:ok\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\naof_last_write_status:ok\r\n\r\n",
-            reports.iter().map(|r| r.dirty).sum::<u64>(),
-            shared.lastsave_unix.load(Ordering::Relaxed),
+            "# Persistence\r\nloading:{loading}\r\nasync_loading:0\r\ncurrent_cow_peak:0\r\ncurrent_cow_size:0\r\ncurrent_cow_size_age:0\r\ncurrent_fork_perc:0.00\r\ncurrent_save_keys_processed:0\r\ncurrent_save_keys_total:0\r\n{loading_fields}rdb_changes_since_last_save:{changes}\r\nrdb_bgsave_in_progress:{bg}\r\nrdb_last_save_time:{lastsave}\r\nrdb_last_bgsave_status:{status}\r\nrdb_last_bgsave_time_sec:{last_secs}\r\nrdb_current_bgsave_time_sec:{cur_secs}\r\nrdb_saves:{saves}\r\nrdb_last_cow_size:0\r\nrdb_last_load_keys_expired:{expired}\r\nrdb_last_load_keys_loaded:{loaded}\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\naof_last_rewrite_time_sec:-1\r\naof_current_rewrite_time_sec:-1\r\naof_last_bgrewrite_status:ok\r\naof_rewrites:0\r\naof_rewrites_consecutive_failures:0\r\naof_last_write_status:ok\r\naof_last_cow_size:0\r\nmodule_fork_in_progress:0\r\nmodule_fork_last_cow_size:0\r\n\r\n",
+            loading = loading as u8,
+            loading_fields = if loading {
+                format!(
+                    "loading_start_time:{}\r\nloading_total_bytes:0\r\nloading_rdb_used_mem:0\r\nloading_loaded_bytes:0\r\nloading_loaded_perc:0.00\r\nloading_eta_seconds:1\r\n",
+                    ps.loading_started_unix.load(Ordering::Relaxed)
+                )
+            } else {
+                String::new()
+            },
+            changes = reports.iter().map(|r| r.dirty.saturating_sub(r.dirty_saved)).sum::<u64>(),
+            bg = bg as u8,
+            lastsave = shared.lastsave_unix.load(Ordering::Relaxed),
+            status = if ps.last_bgsave_ok.load(Ordering::Relaxed) { "ok" } else { "err" },
+            last_secs = ps.last_bgsave_secs.load(Ordering::Relaxed),
+            cur_secs = if bg {
+                (crate::shard::unix_ms() / 1000).saturating_sub(ps.bgsave_started_unix.load(Ordering::Relaxed)) as i64
+            } else {
+                -1
+            },
+            saves = ps.saves.load(Ordering::Relaxed),
+            expired = ps.loaded_expired.load(Ordering::Relaxed),
+            loaded = ps.loaded_keys.load(Ordering::Relaxed),
         );
     }
     if show("stats") {
@@ -430,6 +455,7 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                 Ok(()) => {
                     shared.tunables.refresh(&config);
                     drop(config);
+                    shared.persist.refresh_gate(&shared);
                     sess.out.ok();
                 }
                 Err(e) => {
@@ -732,32 +758,12 @@ pub fn lastsave(sess: &mut Session, _args: &[Bytes]) {
         .int(sess.worker.shared.lastsave_unix.load(Ordering::Relaxed) as i64);
 }
 
-pub fn shutdown(sess: &mut Session, args: &[Bytes]) {
-    let mut abort = false;
-    for a in &args[1..] {
-        if eq_ci(a, "abort") {
-            abort = true;
-        } else if !(eq_ci(a, "nosave") || eq_ci(a, "save") || eq_ci(a, "now") || eq_ci(a, "force"))
-        {
-            return sess.error(SYNTAX_ERR);
-        }
-    }
-    if abort {
-        return sess.error("ERR No shutdown in progress.");
-    }
-    tracing::warn!("User requested shutdown...");
-    sess.worker
-        .shared
-        .shutting_down
-        .store(true, Ordering::SeqCst);
-    // Kite keeps no data on disk yet, so there is nothing to save before leaving.
-    std::process::exit(0);
-}
-
 const DEBUG_HELP: &[&str] = &[
     "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
     "OBJECT <key>",
     "    Internal details of the value stored at <key>.",
+    "RELOAD [MERGE] [NOFLUSH] [NOSAVE]",
+    "    Save the RDB on disk and reload it back to memory.",
     "SET-ACTIVE-EXPIRE <0|1>",
     "    Turns active expiry off or on.",
     "SLEEP <seconds>",
@@ -812,6 +818,7 @@ async_handler!(debug, |sess, args| {
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match (sub.as_str(), args.len()) {
         ("help", 2) => help(sess, DEBUG_HELP),
+        ("reload", _) => super::persistence::debug_reload(sess, &args[2..]).await,
         ("sleep", 3) => {
             let secs = parse_f64(&args[2]).unwrap_or(0.0).max(0.0);
             // Like Redis, this blocks the server thread (here: this connection's thread).

@@ -4,8 +4,8 @@
 use bytes::Bytes;
 
 use super::{
-    connection as conn, hashes, keys, lists, pubsub, scripting, server, sets, streams, strings,
-    transactions as tx, zsets,
+    connection as conn, hashes, keys, lists, persistence, pubsub, scripting, server, sets, streams,
+    strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -118,7 +118,9 @@ pub fn all() -> Vec<Command> {
         c("wait", 3, "", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge writes (there are none).", Async(server::wait)),
         c("lastsave", 1, "loading stale fast", NONE, "server", "1.0.0", "Returns the unix time of the last save.", Conn(server::lastsave)),
         c("debug", -2, "admin noscript loading stale", NONE, "server", "1.0.0", "Debugging helpers.", Async(server::debug)),
-        c("shutdown", -1, "admin noscript loading stale no_multi allow_busy", NONE, "server", "1.0.0", "Stops the server.", Conn(server::shutdown)),
+        c("shutdown", -1, "admin noscript loading stale no_multi allow_busy", NONE, "server", "1.0.0", "Stops the server.", Async(persistence::shutdown)),
+        c("save", 1, "admin noscript no_async_loading no_multi", NONE, "server", "1.0.0", "Synchronously saves the database(s) to disk.", Async(persistence::save)),
+        c("bgsave", -1, "admin noscript no_async_loading", NONE, "server", "1.0.0", "Asynchronously saves the database(s) to disk.", Async(persistence::bgsave)),
         with_subcommands(
             c("memory", -2, "", NONE, "server", "4.0.0", "Reports memory use.", Async(server::memory)),
             server::MEMORY_SUBCOMMANDS,
@@ -146,6 +148,8 @@ pub fn all() -> Vec<Command> {
         c("renamenx", 3, "write fast", K12, "generic", "1.0.0", "Renames a key unless the target exists.", Multi(keys::renamenx, keys::renamenx_cross)),
         c("copy", -3, "write denyoom", K12, "generic", "6.2.0", "Copies a key's value to another key.", Multi(keys::copy, keys::copy_cross)),
         c("move", 3, "write fast", K1, "generic", "1.0.0", "Moves a key to another database.", Shard(keys::move_)),
+        c("dump", 2, "readonly", K1, "generic", "2.6.0", "Returns a serialized representation of the value stored at a key.", Shard(keys::dump)),
+        c("restore", -4, "write denyoom", K1, "generic", "2.6.0", "Creates a key from the serialized representation of a value.", Shard(keys::restore)),
         c("keys", 2, "readonly", NONE, "generic", "1.0.0", "Returns the keys matching a pattern.", Async(keys::keys)),
         c("scan", -2, "readonly", NONE, "generic", "2.8.0", "Iterates over the keyspace with a cursor.", Async(keys::scan)),
         c("randomkey", 1, "readonly", NONE, "generic", "1.0.0", "Returns a random key.", Async(keys::randomkey)),

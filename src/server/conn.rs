@@ -332,6 +332,7 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
         || !cmd.subcommands.is_empty()
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
         || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
+        || sess.worker.shared.persist.gate() != 0
     {
         return None;
     }

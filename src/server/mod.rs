@@ -30,6 +30,8 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
     if shared.mailboxes.set(senders).is_err() {
         unreachable!("mailboxes are set once");
     }
+    // The dataset on disk is read while clients already connect (they get -LOADING).
+    crate::persist::load::load_at_startup(shared.clone());
     let mut listeners = Some(listeners);
     let mut handles = Vec::with_capacity(n);
     for (id, rx) in receivers.into_iter().enumerate() {
@@ -76,6 +78,9 @@ fn worker_main(
             }
         }
         tokio::task::spawn_local(housekeeping(worker.clone()));
+        if worker.id == 0 {
+            tokio::task::spawn_local(on_signals(worker.clone()));
+        }
         while let Some(msg) = mailbox.recv().await {
             msg(&worker);
         }
@@ -121,8 +126,13 @@ async fn accept_loop(worker: Rc<Worker>, listener: std::net::TcpListener) {
 async fn housekeeping(worker: Rc<Worker>) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = 0u64;
     loop {
         tick.tick().await;
+        ticks += 1;
+        if worker.id == 0 && ticks % 10 == 0 {
+            crate::persist::snapshot::cron(&worker).await;
+        }
         crate::clock::resync();
         let now = unix_ms();
         if worker.shared.active_expire.load(Ordering::Relaxed) {
@@ -133,6 +143,29 @@ async fn housekeeping(worker: Rc<Worker>) {
         close_idle_clients(&worker);
         if worker.id == 0 {
             crate::memory::refresh(&worker.shared);
+        }
+    }
+}
+
+/// SIGTERM and SIGINT shut the server down as SHUTDOWN does: saving first when save
+/// points are set. If that save fails the server keeps running, as Redis does.
+async fn on_signals(worker: Rc<Worker>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot listen for SIGTERM/SIGINT");
+        return;
+    };
+    loop {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::warn!("Received {which} scheduling shutdown...");
+        if let Err(e) = crate::persist::snapshot::shutdown(&worker, None, false).await {
+            tracing::warn!("{e}");
         }
     }
 }

@@ -68,6 +68,8 @@ pub struct Shared {
     /// Synchronous calls from scripts waiting for each thread (see scripting::run). The
     /// mutex guards a queue handed between threads only on scripting's slow paths.
     pub sync_calls: Vec<Mutex<VecDeque<Msg>>>,
+    /// Snapshots and loading (`persist::State`).
+    pub persist: crate::persist::State,
 }
 
 impl Shared {
@@ -107,6 +109,7 @@ impl Shared {
             busy_wrote: (0..nshards).map(|_| AtomicBool::new(false)).collect(),
             busy_count: AtomicUsize::new(0),
             sync_calls: crate::scripting::run::sync_queues(nshards),
+            persist: crate::persist::State::new(),
         })
     }
 
@@ -267,6 +270,8 @@ pub struct Shard {
     pub stats: Stats,
     /// Write operations since start (`rdb_changes_since_last_save`).
     pub dirty: u64,
+    /// `dirty` when the last successful snapshot cut this shard.
+    pub dirty_saved: u64,
     /// Unix ms when the server started: the origin of OBJECT IDLETIME's clock.
     started_unix_ms: u64,
     rng: Cell<u64>,
@@ -298,6 +303,7 @@ impl Shard {
                 ..Stats::default()
             },
             dirty: 0,
+            dirty_saved: 0,
             ops_samples: VecDeque::new(),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),

@@ -59,6 +59,23 @@ pub struct Table {
     len: usize,
     volatile: usize,
     hasher: hashbrown::DefaultHashBuilder,
+    /// A snapshot being written: segments it has not written yet are written before
+    /// anything in them changes, so it holds the table as it was when it began.
+    snapshot: Option<Box<Snapshot>>,
+}
+
+/// Receives a snapshot's segments, each as it was when the snapshot began.
+pub trait SegmentSink {
+    fn save(&mut self, entries: &mut dyn Iterator<Item = &Entry>);
+}
+
+struct Snapshot {
+    sink: Box<dyn SegmentSink>,
+    /// Segments still to write; the segment count does not change while a snapshot runs.
+    pending: Vec<bool>,
+    remaining: usize,
+    /// Where the background walk goes next.
+    next: usize,
 }
 
 impl Default for Table {
@@ -74,6 +91,72 @@ impl Table {
             len: 0,
             volatile: 0,
             hasher: hashbrown::DefaultHashBuilder::default(),
+            snapshot: None,
+        }
+    }
+
+    /// Starts a snapshot of the table as it is now; `sink` gets every entry, segment by
+    /// segment, from `snapshot_step` or before a write would change a segment.
+    pub fn begin_snapshot(&mut self, sink: Box<dyn SegmentSink>) {
+        let n = self.segments.len();
+        self.snapshot = Some(Box::new(Snapshot {
+            sink,
+            pending: vec![true; n],
+            remaining: n,
+            next: 0,
+        }));
+    }
+
+    pub fn snapshot_running(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    /// Writes up to `max_segments` pending segments. When none is left, the snapshot ends
+    /// and its sink is handed back.
+    pub fn snapshot_step(&mut self, max_segments: usize) -> Option<Box<dyn SegmentSink>> {
+        let snap = self.snapshot.as_mut()?;
+        let mut budget = max_segments;
+        while snap.remaining > 0 && budget > 0 {
+            let i = snap.next;
+            snap.next += 1;
+            if snap.pending[i] {
+                snap.pending[i] = false;
+                snap.remaining -= 1;
+                snap.sink.save(&mut self.segments[i].entries.iter());
+                budget -= 1;
+            }
+        }
+        if snap.remaining > 0 {
+            return None;
+        }
+        let done = self.snapshot.take().expect("running snapshot");
+        // Resizes were held back while the snapshot ran.
+        self.maybe_resize();
+        Some(done.sink)
+    }
+
+    /// Writes segment `i` to the running snapshot, if it has not been yet, before it changes.
+    #[inline]
+    fn before_write(&mut self, i: usize) {
+        if let Some(snap) = &mut self.snapshot {
+            if snap.pending[i] {
+                snap.pending[i] = false;
+                snap.remaining -= 1;
+                snap.sink.save(&mut self.segments[i].entries.iter());
+            }
+        }
+    }
+
+    fn maybe_resize(&mut self) {
+        let mut n = self.segments.len();
+        while self.len > n * GROW_AT {
+            n *= 2;
+        }
+        while n > 1 && self.len < n * SHRINK_AT {
+            n /= 2;
+        }
+        if n != self.segments.len() {
+            self.resize(n);
         }
     }
 
@@ -104,6 +187,7 @@ impl Table {
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
         let h = self.hash(key);
         let i = self.seg_index(h);
+        self.before_write(i);
         self.segments[i].entries.find_mut(h, |e| &*e.key == key)
     }
 
@@ -119,6 +203,7 @@ impl Table {
     pub fn insert_new(&mut self, key: Box<[u8]>, value: Value, expire_at: u64, lru: u32) {
         let h = self.hash(&key);
         let i = self.seg_index(h);
+        self.before_write(i);
         let hasher = &self.hasher;
         let seg = &mut self.segments[i];
         if expire_at != 0 {
@@ -136,7 +221,7 @@ impl Table {
             |e| hasher.hash_one(&*e.key),
         );
         self.len += 1;
-        if self.len > self.segments.len() * GROW_AT {
+        if self.len > self.segments.len() * GROW_AT && self.snapshot.is_none() {
             self.resize(self.segments.len() * 2);
         }
     }
@@ -144,6 +229,7 @@ impl Table {
     pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
         let h = self.hash(key);
         let i = self.seg_index(h);
+        self.before_write(i);
         let seg = &mut self.segments[i];
         let entry = match seg.entries.find_entry(h, |e| &*e.key == key) {
             Ok(occupied) => occupied.remove().0,
@@ -154,7 +240,10 @@ impl Table {
             self.volatile -= 1;
         }
         self.len -= 1;
-        if self.segments.len() > 1 && self.len < self.segments.len() * SHRINK_AT {
+        if self.segments.len() > 1
+            && self.len < self.segments.len() * SHRINK_AT
+            && self.snapshot.is_none()
+        {
             self.resize(self.segments.len() / 2);
         }
         Some(entry)
@@ -164,6 +253,7 @@ impl Table {
     pub fn set_expire(&mut self, key: &[u8], expire_at: u64) -> bool {
         let h = self.hash(key);
         let i = self.seg_index(h);
+        self.before_write(i);
         let seg = &mut self.segments[i];
         let Some(e) = seg.entries.find_mut(h, |e| &*e.key == key) else {
             return false;
@@ -184,8 +274,20 @@ impl Table {
     }
 
     pub fn clear(&mut self) {
+        // A running snapshot first writes what it has not, then goes on over nothing.
+        let snapshot = self.snapshot.take().map(|mut snap| {
+            for i in 0..snap.pending.len() {
+                if snap.pending[i] {
+                    snap.sink.save(&mut self.segments[i].entries.iter());
+                }
+            }
+            snap.pending = vec![false];
+            snap.remaining = 0;
+            snap
+        });
         *self = Table {
             hasher: self.hasher,
+            snapshot,
             ..Table::new()
         };
     }
@@ -406,5 +508,60 @@ mod tests {
         assert_eq!(expired, 49);
         assert_eq!(t.volatile_len(), 1);
         assert_eq!(t.len(), 51);
+    }
+
+    struct Collect(std::rc::Rc<std::cell::RefCell<Vec<(Vec<u8>, i64)>>>);
+
+    impl SegmentSink for Collect {
+        fn save(&mut self, entries: &mut dyn Iterator<Item = &Entry>) {
+            for e in entries {
+                let v = match &e.value {
+                    Value::Str(s) => s.as_i64().unwrap(),
+                    _ => unreachable!(),
+                };
+                self.0.borrow_mut().push((e.key.to_vec(), v));
+            }
+        }
+    }
+
+    #[test]
+    fn snapshot_holds_the_table_as_it_began() {
+        let mut t = Table::new();
+        for i in 0..2_000 {
+            t.insert(
+                format!("k{i}").as_bytes(),
+                Value::Str(StrValue::Int(i)),
+                0,
+                0,
+            );
+        }
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        t.begin_snapshot(Box::new(Collect(seen.clone())));
+        let mut finished = false;
+        for round in 0..10_000i64 {
+            // Change, add and remove keys between steps; grow well past the resize point.
+            let k = format!("k{}", round % 2_000);
+            if let Some(e) = t.get_mut(k.as_bytes()) {
+                e.value = Value::Str(StrValue::Int(-1));
+            }
+            t.insert(format!("new{round}").as_bytes(), val(), 0, 0);
+            t.remove(format!("k{}", (round * 7) % 2_000).as_bytes());
+            if round == 60 {
+                t.clear();
+            }
+            if t.snapshot_step(1).is_some() {
+                finished = true;
+                break;
+            }
+        }
+        assert!(finished);
+        assert!(!t.snapshot_running());
+        let mut got = seen.borrow().clone();
+        got.sort();
+        let mut want: Vec<(Vec<u8>, i64)> = (0..2_000)
+            .map(|i| (format!("k{i}").into_bytes(), i))
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
     }
 }

@@ -114,6 +114,8 @@ pub struct ServerProcess {
     log_path: PathBuf,
     /// Password passed with `--requirepass`, if any (used by `client()`).
     password: Option<String>,
+    /// A data directory made for this server alone, removed with it.
+    owned_dir: Option<PathBuf>,
 }
 
 impl ServerProcess {
@@ -148,6 +150,7 @@ impl ServerProcess {
                 name: name.clone(),
                 log_path,
                 password,
+                owned_dir: None,
             };
             match server.wait_ready() {
                 Ok(()) => return server,
@@ -253,6 +256,9 @@ impl Drop for ServerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = fs::remove_file(&self.log_path);
+        if let Some(d) = &self.owned_dir {
+            let _ = fs::remove_dir_all(d);
+        }
     }
 }
 
@@ -275,6 +281,15 @@ impl KiteServer {
         } else {
             let name = format!("kite --threads {threads}");
             let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            // Each server gets a data directory of its own and no save points, so no test
+            // writes into the work tree or loads another's file; `extra` may override both.
+            let dir = std::env::temp_dir().join(format!(
+                "kite-test-data-{}-{}",
+                std::process::id(),
+                LOG_SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            fs::create_dir_all(&dir).expect("create the server's data directory");
+            let dir_arg = dir.to_string_lossy().into_owned();
             let make = move |port: u16| {
                 let mut args: Vec<String> = vec![
                     "--port".into(),
@@ -283,11 +298,17 @@ impl KiteServer {
                     "127.0.0.1".into(),
                     "--threads".into(),
                     threads.to_string(),
+                    "--dir".into(),
+                    dir_arg.clone(),
+                    "--save".into(),
+                    "".into(),
                 ];
                 args.extend(extra.iter().cloned());
                 args
             };
-            KiteServer(ServerProcess::spawn(&bin, name, &make))
+            let mut server = ServerProcess::spawn(&bin, name, &make);
+            server.owned_dir = Some(dir);
+            KiteServer(server)
         }
     }
 }

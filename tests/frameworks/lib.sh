@@ -28,7 +28,7 @@ fw_start_server() {
     if [ "$FW_SERVER" = "redis" ]; then
         redis-server --port "$FW_PORT" --bind 127.0.0.1 --save "" --appendonly no >"$FW_LOG" 2>&1 &
     else
-        "$KITE_BIN" --port "$FW_PORT" --bind 127.0.0.1 --threads "$threads" "$@" >"$FW_LOG" 2>&1 &
+        "$KITE_BIN" --port "$FW_PORT" --bind 127.0.0.1 --threads "$threads" --save "" "$@" >"$FW_LOG" 2>&1 &
     fi
     FW_SERVER_PID=$!
     FW_PIDS+=("$FW_SERVER_PID")

@@ -362,7 +362,13 @@ pub fn run(a: &CompareArgs, g: &ServerArgs) -> io::Result<()> {
         ],
     )];
     for &n in &a.kite_threads {
-        let mut args = vec!["--threads".to_string(), n.to_string()];
+        // Configured like the Redis above: no save points.
+        let mut args = vec![
+            "--threads".to_string(),
+            n.to_string(),
+            "--save".to_string(),
+            String::new(),
+        ];
         args.extend(a.kite_args.split_whitespace().map(String::from));
         servers.push((format!("kite t{n}"), a.kite.clone(), args));
     }

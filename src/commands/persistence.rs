@@ -1,0 +1,127 @@
+//! The persistence commands: SAVE, BGSAVE, SHUTDOWN, DEBUG RELOAD. What they do lives in
+//! `persist/`; this file parses arguments and shapes replies as Redis does.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+
+use super::util::{eq_ci, SYNTAX_ERR};
+use crate::async_handler;
+use crate::persist::snapshot;
+use crate::shard::broadcast;
+use crate::shard::tx::Tx;
+
+async_handler!(save, |sess, _args| {
+    match snapshot::save(&sess.worker).await {
+        Ok(()) => sess.out.ok(),
+        Err(e) if e.contains("already in progress") => sess.out.error(&e),
+        Err(_) => sess.out.error("ERR"),
+    }
+});
+
+async_handler!(bgsave, |sess, args| {
+    let schedule = match args.get(1) {
+        None => false,
+        Some(a) if args.len() == 2 && eq_ci(a, "schedule") => true,
+        Some(_) => return sess.out.error(SYNTAX_ERR),
+    };
+    match snapshot::bgsave(&sess.worker) {
+        Ok(()) => sess.out.simple("Background saving started"),
+        Err(_) if schedule => {
+            sess.worker
+                .shared
+                .persist
+                .bgsave_scheduled
+                .store(true, Ordering::Release);
+            sess.out.simple("Background saving scheduled");
+        }
+        Err(e) => sess.out.error(&e),
+    }
+});
+
+async_handler!(shutdown, |sess, args| {
+    let (mut nosave, mut save, mut force, mut abort) = (false, false, false, false);
+    for a in &args[1..] {
+        if eq_ci(a, "nosave") {
+            nosave = true;
+        } else if eq_ci(a, "save") {
+            save = true;
+        } else if eq_ci(a, "now") {
+        } else if eq_ci(a, "force") {
+            force = true;
+        } else if eq_ci(a, "abort") {
+            abort = true;
+        } else {
+            return sess.out.error(SYNTAX_ERR);
+        }
+    }
+    if (abort && args.len() > 2) || (nosave && save) {
+        return sess.out.error(SYNTAX_ERR);
+    }
+    if abort {
+        return sess.out.error("ERR No shutdown in progress.");
+    }
+    tracing::warn!("User requested shutdown...");
+    let choice = if nosave {
+        Some(false)
+    } else if save {
+        Some(true)
+    } else {
+        None
+    };
+    if let Err(e) = snapshot::shutdown(&sess.worker, choice, force).await {
+        sess.out.error(&e);
+    }
+});
+
+/// DEBUG RELOAD [MERGE] [NOFLUSH] [NOSAVE]: saves, empties the server and loads the file
+/// back, holding every shard meanwhile.
+pub async fn debug_reload(sess: &mut crate::server::session::Session, opts: &[Bytes]) {
+    // MERGE (keys in the file replace keys present) is what loading always does here.
+    let (mut flush, mut save) = (true, true);
+    for o in opts {
+        if eq_ci(o, "merge") {
+        } else if eq_ci(o, "noflush") {
+            flush = false;
+        } else if eq_ci(o, "nosave") {
+            save = false;
+        } else {
+            return sess
+                .out
+                .error("ERR DEBUG RELOAD only supports the MERGE, NOFLUSH and NOSAVE options.");
+        }
+    }
+    if save {
+        if let Err(e) = snapshot::save(&sess.worker).await {
+            return sess.out.error(&e);
+        }
+    }
+    let tx = Tx::lock_keys(&sess.worker, &[], true).await;
+    if flush {
+        broadcast(&sess.worker, |w| {
+            let mut sh = w.shard.borrow_mut();
+            for db in 0..sh.dbs.len() {
+                sh.flush_db(db);
+            }
+        })
+        .await;
+    }
+    let path = snapshot::rdb_path(&sess.worker);
+    let shared = sess.worker.shared.clone();
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(crate::persist::load::load_file(&shared, &path));
+    });
+    let loaded = result
+        .await
+        .unwrap_or_else(|_| Err("the loader stopped".into()));
+    drop(tx);
+    match loaded {
+        Ok(_) => sess.out.ok(),
+        Err(e) => {
+            tracing::warn!("{e}");
+            sess.out
+                .error("ERR Error trying to load the RDB dump, check server logs.")
+        }
+    }
+}
