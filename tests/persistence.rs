@@ -293,8 +293,10 @@ fn fixture_datasets_are_complete() {
 // 4. Redis 2.x encodings, assembled from the format definition
 // ---------------------------------------------------------------------------
 
-/// Far-future expiry (2100-01-01T00:00:00Z) in seconds and in ms.
-const Y2100_S: u32 = 4_102_444_800;
+/// Far-future expiry in seconds: 2033-05-18T03:33:20Z. The 0xFD opcode's time is a
+/// *signed* 32-bit integer (Redis reads it as int32_t), so it must stay below 2^31.
+const Y2033_S: i32 = 2_000_000_000;
+/// Far-future expiry in ms: 2100-01-01T00:00:00.123Z.
 const Y2100_MS: i64 = 4_102_444_800_123;
 
 /// Appends an RDB key/value: type byte, key string, value bytes.
@@ -441,11 +443,11 @@ fn rdb_v6_file() -> Vec<u8> {
 fn rdb_v3_file() -> Vec<u8> {
     let mut f = b"REDIS0003".to_vec();
     f.extend_from_slice(&[0xFE, 0x00]); // SELECTDB 0
-    f.push(0xFD); // expiry in seconds, u32 LE
-    f.extend_from_slice(&Y2100_S.to_le_bytes());
+    f.push(0xFD); // expiry in seconds, i32 LE
+    f.extend_from_slice(&Y2033_S.to_le_bytes());
     kv(&mut f, 0, b"sec:ttl", &rdb_str(b"v"));
     f.push(0xFD);
-    f.extend_from_slice(&1_000_000_000u32.to_le_bytes()); // 2001: expired
+    f.extend_from_slice(&1_000_000_000i32.to_le_bytes()); // 2001: expired
     kv(&mut f, 0, b"sec:expired", &rdb_str(b"gone"));
     kv(&mut f, 0, b"plain", &rdb_str(b"no expiry"));
     let zm = zipmap(&[(b"k", b"v")]);
@@ -593,7 +595,7 @@ fn check_v3_contents(c: &mut Client, who: &str) {
     assert_eq!(c.cmd(&["GET", "sec:ttl"]), Resp::bulk("v"), "{who}");
     assert_eq!(
         c.cmd(&["PEXPIRETIME", "sec:ttl"]),
-        Resp::Integer(Y2100_S as i64 * 1000),
+        Resp::Integer(Y2033_S as i64 * 1000),
         "{who}: 0xFD expiry in seconds"
     );
     assert_eq!(c.cmd(&["EXISTS", "sec:expired"]), Resp::Integer(0), "{who}");

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::rdb::write::{put_key_value, put_len, put_raw_string, put_string, Options};
+use super::rdb::write::{
+    put_key_value, put_len, put_maybe_compressed, put_raw_string, put_string, Options, Sink,
+};
 use super::rdb::{op, CRC64};
 use crate::shard::tx::Tx;
 use crate::shard::{broadcast, unix_ms, Worker};
@@ -29,33 +31,73 @@ const CHUNK_BYTES: usize = 256 * 1024;
 /// Time a shard spends writing its snapshot per pass before serving clients again.
 const STEP_BUDGET: Duration = Duration::from_micros(500);
 
+/// Serialized bytes on their way to the writer. Blobs (listpacks, intsets) are
+/// compressed by the writer thread, not by the shard that serialized them.
+enum Piece {
+    Raw(Vec<u8>),
+    Blob(Vec<u8>),
+}
+
 /// One database of one shard being written.
 struct DbSink {
     db: usize,
-    buf: Vec<u8>,
-    to_writer: mpsc::Sender<Vec<u8>>,
+    raw: Vec<u8>,
+    pieces: Vec<Piece>,
+    /// Bytes in `pieces` and `raw`.
+    held: usize,
+    to_writer: mpsc::Sender<Vec<Piece>>,
     opts: Options,
 }
 
 impl DbSink {
     fn flush(&mut self) {
-        if !self.buf.is_empty() {
+        self.seal_raw();
+        if !self.pieces.is_empty() {
             // The writer only goes away after every sink did; a send error is moot.
-            let _ = self.to_writer.send(std::mem::take(&mut self.buf));
+            let _ = self.to_writer.send(std::mem::take(&mut self.pieces));
+            self.held = 0;
         }
+    }
+
+    fn seal_raw(&mut self) {
+        if !self.raw.is_empty() {
+            self.pieces.push(Piece::Raw(std::mem::take(&mut self.raw)));
+        }
+    }
+}
+
+impl Sink for DbSink {
+    fn put(&mut self, bytes: &[u8]) {
+        self.held += bytes.len();
+        self.raw.extend_from_slice(bytes);
+    }
+
+    fn put_blob(&mut self, blob: Vec<u8>, opts: &Options) {
+        if !opts.compress || blob.len() <= 20 {
+            put_raw_string(self, &blob);
+            return;
+        }
+        self.seal_raw();
+        self.held += blob.len();
+        self.pieces.push(Piece::Blob(blob));
     }
 }
 
 impl SegmentSink for DbSink {
     fn save(&mut self, entries: &mut dyn Iterator<Item = &Entry>) {
         for e in entries {
-            if self.buf.is_empty() {
-                self.buf.reserve(CHUNK_BYTES + CHUNK_BYTES / 4);
-                self.buf.push(op::SELECTDB);
-                put_len(&mut self.buf, self.db as u64);
+            if self.held == 0 {
+                // Every chunk opens with the database it belongs to: chunks of several
+                // shards interleave in the file.
+                self.raw.reserve(64 * 1024);
+                self.raw.push(op::SELECTDB);
+                put_len(&mut self.raw, self.db as u64);
+                self.held = self.raw.len();
             }
-            put_key_value(&mut self.buf, &e.key, &e.value, e.expire_at(), &self.opts);
-            if self.buf.len() >= CHUNK_BYTES {
+            let opts = self.opts;
+            put_key_value(self, &e.key, &e.value, e.expire_at(), &opts);
+            // Chunks end only between records.
+            if self.held >= CHUNK_BYTES {
                 self.flush();
             }
         }
@@ -97,8 +139,9 @@ fn header(opts: &Options) -> Vec<u8> {
 fn write_file(
     path: &Path,
     head: Vec<u8>,
-    chunks: mpsc::Receiver<Vec<u8>>,
+    chunks: mpsc::Receiver<Vec<Piece>>,
     checksum: bool,
+    opts: Options,
 ) -> std::io::Result<u64> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!("temp-{}-{}.rdb", std::process::id(), unix_ms()));
@@ -114,9 +157,21 @@ fn write_file(
         put(&mut file, &head)?;
         // Every chunk is drained even after a failed write, so no shard blocks on us.
         let mut failure = None;
+        let mut packed = Vec::new();
         for chunk in chunks {
-            if failure.is_none() {
-                if let Err(e) = put(&mut file, &chunk) {
+            for piece in chunk {
+                if failure.is_some() {
+                    continue;
+                }
+                let bytes = match &piece {
+                    Piece::Raw(b) => b,
+                    Piece::Blob(b) => {
+                        packed.clear();
+                        put_maybe_compressed(&mut packed, b, &opts);
+                        &packed
+                    }
+                };
+                if let Err(e) = put(&mut file, bytes) {
                     failure = Some(e);
                 }
             }
@@ -165,12 +220,14 @@ pub fn write_options(worker: &Worker) -> (Options, bool) {
 
 /// Starts a snapshot on this shard: every table gets a sink, and a task writes the tables
 /// a little per pass until they are done. Returns the shard's write counter at the cut.
-fn begin_on_shard(w: &Rc<Worker>, to_writer: &mpsc::Sender<Vec<u8>>, opts: Options) -> u64 {
+fn begin_on_shard(w: &Rc<Worker>, to_writer: &mpsc::Sender<Vec<Piece>>, opts: Options) -> u64 {
     let mut sh = w.shard.borrow_mut();
     for (db, d) in sh.dbs.iter_mut().enumerate() {
         d.table.begin_snapshot(Box::new(DbSink {
             db,
-            buf: Vec::new(),
+            raw: Vec::new(),
+            pieces: Vec::new(),
+            held: 0,
             to_writer: to_writer.clone(),
             opts,
         }));
@@ -235,14 +292,14 @@ async fn run_claimed(worker: &Rc<Worker>) -> Result<(), String> {
         .store(unix_ms() / 1000, Ordering::Relaxed);
     let path = rdb_path(worker);
     let (opts, checksum) = write_options(worker);
-    let (to_writer, chunks) = mpsc::channel::<Vec<u8>>();
+    let (to_writer, chunks) = mpsc::channel::<Vec<Piece>>();
     let (done_tx, done_rx) = oneshot::channel();
     let head = header(&opts);
     let writer_path = path.clone();
     let spawned = std::thread::Builder::new()
         .name("kite-rdb-writer".into())
         .spawn(move || {
-            let _ = done_tx.send(write_file(&writer_path, head, chunks, checksum));
+            let _ = done_tx.send(write_file(&writer_path, head, chunks, checksum, opts));
         });
     if let Err(e) = spawned {
         state.bgsave_in_progress.store(false, Ordering::Release);

@@ -1451,8 +1451,9 @@ pub fn fill_dataset(c: &mut Client) {
         "bin",
         b"\x00\xff".to_vec()
     ]);
+    // (hash-max-listpack-entries is 512 by default.)
     let mut hbig = args!["HSET", "hash:big"];
-    for i in 0..300 {
+    for i in 0..600 {
         hbig.push(format!("field:{i}").into_bytes());
         hbig.push(format!("value:{}", i * 3).into_bytes());
     }

@@ -99,6 +99,10 @@ pub fn decompress(input: &[u8], expected_len: usize) -> Result<Vec<u8>, String> 
 /// Compresses `input`; None when the result would not be smaller than
 /// `input.len() - 4` (callers then store the string plain).
 pub fn compress(input: &[u8]) -> Option<Vec<u8>> {
+    // Positions are kept in 32 bits; larger strings are stored as they are.
+    if input.len() >= u32::MAX as usize {
+        return None;
+    }
     let limit = input.len().checked_sub(4)?;
     encode(input, limit).filter(|c| c.len() < limit)
 }
@@ -137,8 +141,22 @@ fn push_ref(out: &mut Vec<u8>, dist: usize, len: usize) {
 fn encode(input: &[u8], limit: usize) -> Option<Vec<u8>> {
     let n = input.len();
     // A table about the size of the input, between 2^8 and 2^16 slots.
-    let bits = (usize::BITS - n.saturating_sub(1).leading_zeros()).clamp(8, 16);
-    let mut table = vec![0usize; 1 << bits]; // position + 1; 0 = empty
+    let bits = (usize::BITS - n.saturating_sub(1).leading_zeros()).clamp(8, 14);
+    TABLE.with(|t| {
+        let mut t = t.borrow_mut();
+        t.clear();
+        t.resize(1 << bits, 0);
+        encode_with(input, limit, bits, &mut t)
+    })
+}
+
+thread_local! {
+    /// The match table, reused: snapshots compress thousands of 8 KiB blobs in a row.
+    static TABLE: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn encode_with(input: &[u8], limit: usize, bits: u32, table: &mut [u32]) -> Option<Vec<u8>> {
+    let n = input.len();
     let slot = |i: usize| -> usize {
         let v =
             (u32::from(input[i]) << 16) | (u32::from(input[i + 1]) << 8) | u32::from(input[i + 2]);
@@ -149,8 +167,8 @@ fn encode(input: &[u8], limit: usize) -> Option<Vec<u8>> {
     let mut i = 0;
     while i + MIN_MATCH <= n {
         let h = slot(i);
-        let cand = table[h];
-        table[h] = i + 1;
+        let cand = table[h] as usize;
+        table[h] = (i + 1) as u32;
         if cand != 0 {
             let r = cand - 1;
             let dist = i - r;
@@ -165,10 +183,11 @@ fn encode(input: &[u8], limit: usize) -> Option<Vec<u8>> {
                 if out.len() >= limit {
                     return None;
                 }
-                // Remember the positions inside the match too, for later matches.
+                // Remember only the match's last two positions (LZF's fast mode): hashing
+                // every position inside long matches made compression several times slower.
                 let end = i + len;
-                for j in i + 1..end.min(n + 1 - MIN_MATCH) {
-                    table[slot(j)] = j + 1;
+                for j in end.saturating_sub(2).max(i + 1)..end.min(n + 1 - MIN_MATCH) {
+                    table[slot(j)] = (j + 1) as u32;
                 }
                 i = end;
                 lit_start = i;

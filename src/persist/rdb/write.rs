@@ -1,9 +1,11 @@
 //! Kite's values as RDB records.
 //!
-//! Lists, sets, hashes and sorted sets are written in their plain forms (one record per
-//! element): every Redis since 2.6 loads them, the element count is known before the
-//! first element, so a value of any size streams out without being built whole in
-//! memory first. Streams must be listpacks, as Redis has no other stream record.
+//! Records follow what Redis 7 writes for the same data: lists as quicklist 2 nodes of
+//! packed listpacks (about 8 KiB each), small hashes and sorted sets as one listpack,
+//! small integer sets as an intset, larger ones in their plain forms (one record per
+//! element), streams as listpack nodes. The listpacks are the blobs LZF compresses well
+//! (queued jobs look alike); they go through `Sink::put_blob`, so a snapshot can leave
+//! their compression to its writer thread instead of the shard's.
 
 use super::listpack;
 use super::{ty, STREAM_ITEM_SAMEFIELDS};
@@ -16,6 +18,12 @@ pub trait Sink {
 
     fn put_u8(&mut self, b: u8) {
         self.put(&[b]);
+    }
+
+    /// A string that is an encoded blob (a listpack or an intset): written as
+    /// `put_string` would, but a sink may defer its compression.
+    fn put_blob(&mut self, blob: Vec<u8>, opts: &Options) {
+        put_string(self, &blob, opts);
     }
 }
 
@@ -42,7 +50,7 @@ impl Default for Options {
     }
 }
 
-pub fn put_len(out: &mut impl Sink, len: u64) {
+pub fn put_len<S: Sink + ?Sized>(out: &mut S, len: u64) {
     if len < 1 << 6 {
         out.put_u8(len as u8);
     } else if len < 1 << 14 {
@@ -58,7 +66,7 @@ pub fn put_len(out: &mut impl Sink, len: u64) {
 
 /// An integer in the smallest of Redis's integer string encodings; false when it needs
 /// more than 32 bits (it is then written as text).
-fn put_int_encoded(out: &mut impl Sink, v: i64) -> bool {
+fn put_int_encoded<S: Sink + ?Sized>(out: &mut S, v: i64) -> bool {
     if let Ok(b) = i8::try_from(v) {
         out.put(&[0xC0, b as u8]);
     } else if let Ok(h) = i16::try_from(v) {
@@ -75,7 +83,7 @@ fn put_int_encoded(out: &mut impl Sink, v: i64) -> bool {
 
 /// A string as Redis writes one: canonical integers of up to 32 bits as integers, long
 /// ones LZF-compressed when that pays, the rest as length and bytes.
-pub fn put_string(out: &mut impl Sink, b: &[u8], opts: &Options) {
+pub fn put_string<S: Sink + ?Sized>(out: &mut S, b: &[u8], opts: &Options) {
     if b.len() <= 11 {
         if let Some(v) = parse_canonical_i64(b) {
             if put_int_encoded(out, v) {
@@ -83,6 +91,12 @@ pub fn put_string(out: &mut impl Sink, b: &[u8], opts: &Options) {
             }
         }
     }
+    put_maybe_compressed(out, b, opts);
+}
+
+/// Length and bytes, LZF-compressed when `rdbcompression` is on, the string is over 20
+/// bytes and compression saves at least 4 of them (Redis's rule).
+pub fn put_maybe_compressed<S: Sink + ?Sized>(out: &mut S, b: &[u8], opts: &Options) {
     if opts.compress && b.len() > 20 {
         if let Some(packed) = super::lzf::compress(b) {
             out.put_u8(0xC3);
@@ -96,12 +110,12 @@ pub fn put_string(out: &mut impl Sink, b: &[u8], opts: &Options) {
 }
 
 /// A string written as length and bytes, never encoded (AUX values Redis reads raw).
-pub fn put_raw_string(out: &mut impl Sink, b: &[u8]) {
+pub fn put_raw_string<S: Sink + ?Sized>(out: &mut S, b: &[u8]) {
     put_len(out, b.len() as u64);
     out.put(b);
 }
 
-fn put_str_value(out: &mut impl Sink, s: &StrValue, opts: &Options) {
+fn put_str_value(out: &mut (impl Sink + ?Sized), s: &StrValue, opts: &Options) {
     match s {
         StrValue::Int(i) if i32::try_from(*i).is_ok() => {
             put_int_encoded(out, *i);
@@ -113,11 +127,11 @@ fn put_str_value(out: &mut impl Sink, s: &StrValue, opts: &Options) {
     }
 }
 
-pub fn put_double_binary(out: &mut impl Sink, v: f64) {
+pub fn put_double_binary(out: &mut (impl Sink + ?Sized), v: f64) {
     out.put(&v.to_le_bytes());
 }
 
-pub fn put_ms_time(out: &mut impl Sink, ms: i64) {
+pub fn put_ms_time(out: &mut (impl Sink + ?Sized), ms: i64) {
     out.put(&ms.to_le_bytes());
 }
 
@@ -125,9 +139,13 @@ pub fn put_ms_time(out: &mut impl Sink, ms: i64) {
 pub fn type_of(v: &Value, opts: &Options) -> u8 {
     match v {
         Value::Str(_) => ty::STRING,
-        Value::List(_) => ty::LIST,
+        Value::List(_) => ty::LIST_QUICKLIST_2,
+        Value::Set(s) if s.is_intset() => ty::SET_INTSET,
+        Value::Set(s) if opts.version >= 11 && s.encoding() == "listpack" => ty::SET_LISTPACK,
         Value::Set(_) => ty::SET,
+        Value::ZSet(z) if z.encoding() == "listpack" => ty::ZSET_LISTPACK,
         Value::ZSet(_) => ty::ZSET_2,
+        Value::Hash(h) if h.encoding() == "listpack" => ty::HASH_LISTPACK,
         Value::Hash(_) => ty::HASH,
         Value::Stream(_) => {
             if opts.version >= 11 {
@@ -139,46 +157,152 @@ pub fn type_of(v: &Value, opts: &Options) -> u8 {
     }
 }
 
-/// The value's body, after its type byte.
-pub fn put_value(out: &mut impl Sink, v: &Value, opts: &Options) {
-    match v {
-        Value::Str(s) => put_str_value(out, s, opts),
-        Value::List(l) => {
-            put_len(out, l.len() as u64);
-            for item in l.iter() {
-                put_string(out, item, opts);
-            }
+/// A quicklist node closes once its elements' estimated listpack size passes this
+/// (Redis's default list-max-listpack-size -2: 8 KiB).
+const LIST_NODE_BYTES: usize = 8192;
+
+/// An upper bound of an element's listpack entry size; the node count and the nodes
+/// themselves come from this same estimate, so they always agree.
+fn list_entry_estimate(len: usize) -> usize {
+    len + 11
+}
+
+fn put_list(out: &mut (impl Sink + ?Sized), l: &crate::types::list::List, opts: &Options) {
+    // Counting pass: the count must precede the nodes, and building them all first would
+    // hold a second copy of the list.
+    let mut nodes = 0u64;
+    let mut size = 0usize;
+    for item in l.iter() {
+        if size == 0 {
+            nodes += 1;
         }
-        Value::Set(s) => {
+        size += list_entry_estimate(item.len());
+        if size >= LIST_NODE_BYTES {
+            size = 0;
+        }
+    }
+    put_len(out, nodes);
+    let mut lp = listpack::Writer::new();
+    let mut size = 0usize;
+    for item in l.iter() {
+        lp.push_bytes(item);
+        size += list_entry_estimate(item.len());
+        if size >= LIST_NODE_BYTES {
+            put_len(out, super::QUICKLIST_NODE_PACKED);
+            out.put_blob(std::mem::take(&mut lp).finish(), opts);
+            size = 0;
+        }
+    }
+    if size > 0 {
+        put_len(out, super::QUICKLIST_NODE_PACKED);
+        out.put_blob(lp.finish(), opts);
+    }
+}
+
+/// An intset blob: width, count, then the members ascending, little-endian.
+fn intset_blob(members: &mut [i64]) -> Vec<u8> {
+    members.sort_unstable();
+    let width: usize = if members.iter().all(|&m| i16::try_from(m).is_ok()) {
+        2
+    } else if members.iter().all(|&m| i32::try_from(m).is_ok()) {
+        4
+    } else {
+        8
+    };
+    let mut out = Vec::with_capacity(8 + width * members.len());
+    out.extend_from_slice(&(width as u32).to_le_bytes());
+    out.extend_from_slice(&(members.len() as u32).to_le_bytes());
+    for m in members.iter() {
+        out.extend_from_slice(&m.to_le_bytes()[..width]);
+    }
+    out
+}
+
+/// The value's body, after its type byte.
+pub fn put_value(out: &mut (impl Sink + ?Sized), v: &Value, opts: &Options) {
+    match (v, type_of(v, opts)) {
+        (Value::Str(s), _) => put_str_value(out, s, opts),
+        (Value::List(l), _) => put_list(out, l, opts),
+        (Value::Set(s), ty::SET_INTSET) => {
+            let mut members: Vec<i64> = s
+                .iter()
+                .map(|m| {
+                    let mut scratch = [0u8; 20];
+                    parse_canonical_i64(m.bytes(&mut scratch)).expect("intset member")
+                })
+                .collect();
+            out.put_blob(intset_blob(&mut members), opts);
+        }
+        (Value::Set(s), ty::SET_LISTPACK) => {
+            let mut lp = listpack::Writer::new();
+            let mut scratch = [0u8; 20];
+            for m in s.iter() {
+                lp.push_bytes(m.bytes(&mut scratch));
+            }
+            out.put_blob(lp.finish(), opts);
+        }
+        (Value::Set(s), _) => {
             put_len(out, s.len() as u64);
             let mut scratch = [0u8; 20];
             for m in s.iter() {
                 put_string(out, m.bytes(&mut scratch), opts);
             }
         }
-        Value::ZSet(z) => {
+        (Value::ZSet(z), ty::ZSET_LISTPACK) => {
+            let mut lp = listpack::Writer::new();
+            z.visit(0, false, |member, score| {
+                lp.push_bytes(member);
+                push_score(&mut lp, score);
+                true
+            });
+            out.put_blob(lp.finish(), opts);
+        }
+        (Value::ZSet(z), _) => {
             put_len(out, z.len() as u64);
-            // Redis loads a skiplist in the order it was written; largest first keeps
-            // its inserts at the head, as its own saver does.
+            // Largest first, as Redis's saver does: its loader then inserts at the head.
             z.visit(z.len().saturating_sub(1), true, |member, score| {
                 put_string(out, member, opts);
                 put_double_binary(out, score);
                 true
             });
         }
-        Value::Hash(h) => {
+        (Value::Hash(h), ty::HASH_LISTPACK) => {
+            let mut lp = listpack::Writer::new();
+            for (f, val) in h.iter() {
+                lp.push_bytes(f);
+                lp.push_bytes(val);
+            }
+            out.put_blob(lp.finish(), opts);
+        }
+        (Value::Hash(h), _) => {
             put_len(out, h.len() as u64);
             for (f, val) in h.iter() {
                 put_string(out, f, opts);
                 put_string(out, val, opts);
             }
         }
-        Value::Stream(s) => put_stream(out, s, opts),
+        (Value::Stream(s), _) => put_stream(out, s, opts),
+    }
+}
+
+/// A score inside a listpack, as Redis stores one: an integer when it is one exactly,
+/// else its shortest round-trip text.
+fn push_score(lp: &mut listpack::Writer, score: f64) {
+    if score.fract() == 0.0 && score.abs() < 1e17 {
+        lp.push_int(score as i64);
+    } else {
+        lp.push_bytes(crate::protocol::reply::format_double(score).as_bytes());
     }
 }
 
 /// A key's record: expiry, type, key, value.
-pub fn put_key_value(out: &mut impl Sink, key: &[u8], v: &Value, expire_at: u64, opts: &Options) {
+pub fn put_key_value(
+    out: &mut (impl Sink + ?Sized),
+    key: &[u8],
+    v: &Value,
+    expire_at: u64,
+    opts: &Options,
+) {
     if expire_at != 0 {
         out.put_u8(super::op::EXPIRETIME_MS);
         put_ms_time(out, expire_at as i64);
@@ -212,7 +336,7 @@ fn stream_id_bytes(id: StreamId) -> [u8; 16] {
 /// A stream as Redis 7 writes one: nodes of up to 100 entries, each a listpack that opens
 /// with its master entry (the first entry's fields), then the groups with their pending
 /// entries and consumers.
-fn put_stream(out: &mut impl Sink, s: &Stream, opts: &Options) {
+fn put_stream(out: &mut (impl Sink + ?Sized), s: &Stream, opts: &Options) {
     let log = &s.log;
     put_len(out, log.len().div_ceil(STREAM_NODE_ENTRIES));
     let mut entries = log.range(StreamId::MIN, StreamId::MAX).peekable();
@@ -252,7 +376,7 @@ fn put_stream(out: &mut impl Sink, s: &Stream, opts: &Options) {
             }
         }
         put_raw_string(out, &stream_id_bytes(master_id));
-        put_string(out, &lp.finish(), opts);
+        out.put_blob(lp.finish(), opts);
     }
     put_len(out, log.len());
     put_len(out, log.last_id.ms);
