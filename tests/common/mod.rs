@@ -177,9 +177,12 @@ impl ServerProcess {
             if let Ok(mut client) = Client::try_connect(self.port) {
                 client.set_timeout(Some(Duration::from_secs(2)));
                 client.send(&["PING"]);
-                // Any well-formed reply (+PONG, or -NOAUTH with --requirepass) means up.
-                if client.try_read().is_ok() {
-                    return Ok(());
+                // Any well-formed reply (+PONG, or -NOAUTH with --requirepass) means up,
+                // except -LOADING: the dataset on disk is still being read.
+                match client.try_read() {
+                    Ok(r) if r.error_text().is_some_and(|e| e.starts_with("LOADING")) => {}
+                    Ok(_) => return Ok(()),
+                    Err(_) => {}
                 }
             }
             if Instant::now() > deadline {

@@ -14,6 +14,8 @@
 #![allow(dead_code)]
 
 use crate::common::*;
+mod rdb_bytes;
+pub use rdb_bytes::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::fs;
@@ -1055,12 +1057,12 @@ pub fn restrict_meta_to(expected: &Dataset, actual: &mut Dataset) {
 //   H <field> <value>                     hash pair
 //   Z <member> <score as Redis printed it>
 //   E <id> <field> <value> <field> <value> ...   stream entry (XRANGE order)
-//   I <name> <text>                       XINFO STREAM field (text in hex)
+//   I <name> <text>                       XINFO STREAM field ("nil" for a null)
 //   G <group>                             starts a group of the last stream
-//   g <name> <text>                       XINFO GROUPS field (text in hex)
+//   g <name> <text>                       XINFO GROUPS field ("nil" for a null)
 //   P <id> <consumer> <count> <delivered_at>   XPENDING entry of the group
 //   C <consumer> <seen_at>                starts a consumer of the group
-//   c <name> <text>                       XINFO CONSUMERS field (text in hex)
+//   c <name> <text>                       XINFO CONSUMERS field ("nil" for a null)
 //   p <id> <count>                        XPENDING entry of the consumer
 //   # ...                                 comment
 
@@ -1119,12 +1121,12 @@ pub fn dataset_text(d: &Dataset, title: &str) -> String {
                     s.push('\n');
                 }
                 for (k, v) in &st.meta {
-                    let _ = writeln!(s, "I {k} {}", hex(v.as_bytes()));
+                    let _ = writeln!(s, "I {k} {v}");
                 }
                 for g in &st.groups {
                     let _ = writeln!(s, "G {}", hex(&g.name));
                     for (k, v) in &g.meta {
-                        let _ = writeln!(s, "g {k} {}", hex(v.as_bytes()));
+                        let _ = writeln!(s, "g {k} {v}");
                     }
                     for (id, c, n, at) in &g.pending {
                         let _ = writeln!(s, "P {id} {} {n} {at}", hex(c));
@@ -1132,7 +1134,7 @@ pub fn dataset_text(d: &Dataset, title: &str) -> String {
                     for c in &g.consumers {
                         let _ = writeln!(s, "C {} {}", hex(&c.name), c.seen_at);
                         for (k, v) in &c.meta {
-                            let _ = writeln!(s, "c {k} {}", hex(v.as_bytes()));
+                            let _ = writeln!(s, "c {k} {v}");
                         }
                         for (id, n) in &c.pending {
                             let _ = writeln!(s, "p {id} {n}");
@@ -1200,8 +1202,7 @@ pub fn parse_dataset_text(text: &str) -> Dataset {
                 s.entries.push((f[1].to_string(), pairs));
             }
             (Value::Stream(s), "I") => {
-                s.meta
-                    .insert(f[1].into(), String::from_utf8(unhex(f[2])).unwrap());
+                s.meta.insert(f[1].into(), f[2].to_string());
             }
             (Value::Stream(s), "G") => s.groups.push(Group {
                 name: unhex(f[1]),
@@ -1214,8 +1215,7 @@ pub fn parse_dataset_text(text: &str) -> Dataset {
                     .groups
                     .last_mut()
                     .unwrap_or_else(|| panic!("g before G, {}", ctx()));
-                g.meta
-                    .insert(f[1].into(), String::from_utf8(unhex(f[2])).unwrap());
+                g.meta.insert(f[1].into(), f[2].to_string());
             }
             (Value::Stream(s), "P") => {
                 let g = s
@@ -1244,8 +1244,7 @@ pub fn parse_dataset_text(text: &str) -> Dataset {
                     .and_then(|g| g.consumers.last_mut())
                     .unwrap_or_else(|| panic!("{} before C, {}", f[0], ctx()));
                 if f[0] == "c" {
-                    c.meta
-                        .insert(f[1].into(), String::from_utf8(unhex(f[2])).unwrap());
+                    c.meta.insert(f[1].into(), f[2].to_string());
                 } else {
                     c.pending.push((f[1].into(), num(f[2])));
                 }
@@ -1320,6 +1319,7 @@ pub fn long_key() -> Vec<u8> {
 
 /// Fills databases 0, 3 and 15 with the common dataset. Deterministic; every write
 /// must succeed. Leaves database 0 selected.
+#[rustfmt::skip]
 pub fn fill_dataset(c: &mut Client) {
     let mut cmds: Vec<Args> = Vec::new();
     cmds.push(args!["SELECT", "0"]);
@@ -1335,11 +1335,7 @@ pub fn fill_dataset(c: &mut Client) {
     cmds.push(args!["SET", "str:bin", all_bytes()]);
     cmds.push(args!["SET", "str:empty", ""]);
     cmds.push(args!["SET", "", ""]);
-    cmds.push(args![
-        "SET",
-        b"bin\x00key\xff".to_vec(),
-        b"\x00\x01\x02".to_vec()
-    ]);
+    cmds.push(args!["SET", b"bin\x00key\xff".to_vec(), b"\x00\x01\x02".to_vec()]);
     cmds.push(args!["SET", long_key(), "long key"]);
     cmds.push(args!["SET", "str:float", "3.14159"]);
     cmds.push(args!["SET", "str:ttl", "expires later", "PX", TTL_MS]);
@@ -1347,45 +1343,13 @@ pub fn fill_dataset(c: &mut Client) {
     cmds.push(args!["PEXPIRE", "str:ttl-int", TTL_MS + 12345]);
     // Lists: small, integers of every listpack width, big (many nodes), a huge
     // element between small ones.
-    cmds.push(args![
-        "RPUSH",
-        "list:small",
-        "a",
-        "b",
-        "c",
-        "",
-        all_bytes(),
-        "1",
-        "-1"
-    ]);
+    cmds.push(args!["RPUSH", "list:small", "a", "b", "c", "", all_bytes(), "1", "-1"]);
     let mut ints = args!["RPUSH", "list:ints"];
     for v in [
-        "0",
-        "12",
-        "13",
-        "-1",
-        "127",
-        "128",
-        "-128",
-        "-129",
-        "4095",
-        "4096",
-        "-4096",
-        "32767",
-        "32768",
-        "-32768",
-        "8388607",
-        "8388608",
-        "-8388608",
-        "2147483647",
-        "2147483648",
-        "-2147483648",
-        "9223372036854775807",
-        "-9223372036854775808",
-        "18446744073709551615",
-        "1.5",
-        "00",
-        "+1",
+        "0", "12", "13", "-1", "127", "128", "-128", "-129", "4095", "4096", "-4096", "32767",
+        "32768", "-32768", "8388607", "8388608", "-8388608", "2147483647", "2147483648",
+        "-2147483648", "9223372036854775807", "-9223372036854775808", "18446744073709551615",
+        "1.5", "00", "+1",
     ] {
         ints.push(v.as_bytes().to_vec());
     }
@@ -1395,34 +1359,14 @@ pub fn fill_dataset(c: &mut Client) {
         big.push(format!("item:{i:05}").into_bytes());
     }
     cmds.push(big);
-    cmds.push(args![
-        "RPUSH",
-        "list:plain",
-        "before",
-        huge_element(),
-        "after"
-    ]);
+    cmds.push(args!["RPUSH", "list:plain", "before", huge_element(), "after"]);
     cmds.push(args!["LPUSH", "list:plain", "first"]);
     cmds.push(args!["RPUSH", "list:ttl", "x", "y"]);
     cmds.push(args!["PEXPIRE", "list:ttl", TTL_MS]);
     // Sets: intset (16- and 64-bit), small strings, big strings, many integers.
     cmds.push(args!["SADD", "set:int16", "1", "2", "3", "-5", "1000"]);
-    cmds.push(args![
-        "SADD",
-        "set:int64",
-        "1",
-        "9223372036854775807",
-        "-9223372036854775808"
-    ]);
-    cmds.push(args![
-        "SADD",
-        "set:small",
-        "a",
-        "b",
-        "c",
-        "",
-        b"\xff\x00".to_vec()
-    ]);
+    cmds.push(args!["SADD", "set:int64", "1", "9223372036854775807", "-9223372036854775808"]);
+    cmds.push(args!["SADD", "set:small", "a", "b", "c", "", b"\xff\x00".to_vec()]);
     let mut sbig = args!["SADD", "set:big"];
     for i in 0..1000 {
         sbig.push(format!("member-{i}").into_bytes());
@@ -1433,86 +1377,38 @@ pub fn fill_dataset(c: &mut Client) {
         sints.push((i * 7 - 2000).to_string().into_bytes());
     }
     cmds.push(sints);
-    // Hashes: listpack (with int values, empty field and value), hashtable by count,
-    // hashtable by value length.
+    // Hashes: listpack (with int values, empty field and value), hashtable by count
+    // (hash-max-listpack-entries is 512 by default), hashtable by value length.
     cmds.push(args![
-        "HSET",
-        "hash:small",
-        "f1",
-        "v1",
-        "n",
-        "123",
-        "neg",
-        "-7",
-        "",
-        "empty-field",
-        "empty",
-        "",
-        "bin",
-        b"\x00\xff".to_vec()
+        "HSET", "hash:small", "f1", "v1", "n", "123", "neg", "-7", "", "empty-field", "empty",
+        "", "bin", b"\x00\xff".to_vec()
     ]);
-    // (hash-max-listpack-entries is 512 by default.)
     let mut hbig = args!["HSET", "hash:big"];
     for i in 0..600 {
         hbig.push(format!("field:{i}").into_bytes());
         hbig.push(format!("value:{}", i * 3).into_bytes());
     }
     cmds.push(hbig);
-    cmds.push(args![
-        "HSET",
-        "hash:longval",
-        "short",
-        "s",
-        "long",
-        long("v:", 100)
-    ]);
+    cmds.push(args!["HSET", "hash:longval", "short", "s", "long", long("v:", 100)]);
     cmds.push(args!["HSET", "hash:ttl", "a", "1"]);
     cmds.push(args!["PEXPIRE", "hash:ttl", TTL_MS]);
     // Sorted sets: listpack with awkward scores, skiplist by count, by member length.
     cmds.push(args![
-        "ZADD",
-        "zset:small",
-        "0.1",
-        "tenth",
-        "-inf",
-        "minus-inf",
-        "inf",
-        "plus-inf",
-        "9007199254740992",
-        "two53",
-        "1e-300",
-        "tiny",
-        "1.5",
-        "",
-        "-2",
-        "neg",
-        "0",
-        "zero",
-        "3",
-        "int"
+        "ZADD", "zset:small", "0.1", "tenth", "-inf", "minus-inf", "inf", "plus-inf",
+        "9007199254740992", "two53", "1e-300", "tiny", "1.5", "", "-2", "neg", "0", "zero",
+        "3", "int"
     ]);
     let mut zbig = args!["ZADD", "zset:big"];
     for i in 0..300 {
         zbig.push(format!("{}", i as f64 * 0.5 - 10.0).into_bytes());
         zbig.push(format!("m{i}").into_bytes());
     }
-    zbig.push(b"-inf".to_vec());
-    zbig.push(b"low".to_vec());
-    zbig.push(b"inf".to_vec());
-    zbig.push(b"high".to_vec());
-    zbig.push(b"1e-300".to_vec());
-    zbig.push(b"tiny".to_vec());
-    zbig.push(b"0.1".to_vec());
-    zbig.push(b"tenth".to_vec());
+    for (score, member) in [("-inf", "low"), ("inf", "high"), ("1e-300", "tiny"), ("0.1", "tenth")] {
+        zbig.push(score.as_bytes().to_vec());
+        zbig.push(member.as_bytes().to_vec());
+    }
     cmds.push(zbig);
-    cmds.push(args![
-        "ZADD",
-        "zset:longmember",
-        "1",
-        long("member:", 100),
-        "2",
-        "short"
-    ]);
+    cmds.push(args!["ZADD", "zset:longmember", "1", long("member:", 100), "2", "short"]);
     run_all(c, &cmds);
     fill_streams(c);
     // Other databases.
@@ -1535,165 +1431,49 @@ pub fn fill_dataset(c: &mut Client) {
 /// Streams of database 0: several field sets, deletions, trimming, groups with pending
 /// entries and several consumers, claimed entries, a group created with ENTRIESREAD,
 /// an empty stream with a group, a stream whose entries were all deleted.
+#[rustfmt::skip]
 fn fill_streams(c: &mut Client) {
     let mut cmds: Vec<Args> = vec![
         args!["XADD", "stream:a", "1-1", "a", "1", "b", "2"],
         args!["XADD", "stream:a", "1-2", "a", "3", "b", "4"],
         args!["XADD", "stream:a", "1-3", "a", "5", "b", "6"],
         args!["XADD", "stream:a", "2-0", "c", "7"],
-        args![
-            "XADD",
-            "stream:a",
-            "3-0",
-            "",
-            "empty-field",
-            "bin",
-            b"\x00\xff".to_vec()
-        ],
-        args![
-            "XADD",
-            "stream:a",
-            "3-1",
-            "x",
-            long("v:", 100),
-            "y",
-            "-12",
-            "z",
-            "9223372036854775807"
-        ],
+        args!["XADD", "stream:a", "3-0", "", "empty-field", "bin", b"\x00\xff".to_vec()],
+        args!["XADD", "stream:a", "3-1", "x", long("v:", 100), "y", "-12", "z", "9223372036854775807"],
         args!["XADD", "stream:a", "4-0", "a", "8", "b", "9"],
         args!["XADD", "stream:a", "5-0", "only", "one"],
         args!["XDEL", "stream:a", "1-2"],
         args!["XGROUP", "CREATE", "stream:a", "g1", "0"],
         args!["XGROUP", "CREATE", "stream:a", "g2", "$"],
-        args![
-            "XGROUP",
-            "CREATE",
-            "stream:a",
-            "g3",
-            "2-0",
-            "ENTRIESREAD",
-            "3"
-        ],
-        args![
-            "XREADGROUP",
-            "GROUP",
-            "g1",
-            "alice",
-            "COUNT",
-            "3",
-            "STREAMS",
-            "stream:a",
-            ">"
-        ],
-        args![
-            "XREADGROUP",
-            "GROUP",
-            "g1",
-            "bob",
-            "COUNT",
-            "2",
-            "STREAMS",
-            "stream:a",
-            ">"
-        ],
-        args![
-            "XREADGROUP",
-            "GROUP",
-            "g1",
-            "carol",
-            "COUNT",
-            "1",
-            "NOACK",
-            "STREAMS",
-            "stream:a",
-            ">"
-        ],
+        args!["XGROUP", "CREATE", "stream:a", "g3", "2-0", "ENTRIESREAD", "3"],
+        args!["XREADGROUP", "GROUP", "g1", "alice", "COUNT", "3", "STREAMS", "stream:a", ">"],
+        args!["XREADGROUP", "GROUP", "g1", "bob", "COUNT", "2", "STREAMS", "stream:a", ">"],
+        args!["XREADGROUP", "GROUP", "g1", "carol", "COUNT", "1", "NOACK", "STREAMS", "stream:a", ">"],
         args!["XACK", "stream:a", "g1", "1-3"],
         // bob takes 1-1 from alice; 2-0 is claimed with an hour-old delivery time and
         // an explicit delivery count.
         args!["XCLAIM", "stream:a", "g1", "bob", "0", "1-1"],
-        args![
-            "XCLAIM",
-            "stream:a",
-            "g1",
-            "alice",
-            "0",
-            "2-0",
-            "IDLE",
-            "3600000",
-            "RETRYCOUNT",
-            "7"
-        ],
-        args![
-            "XGROUP",
-            "CREATECONSUMER",
-            "stream:a",
-            "g2",
-            "idle-consumer"
-        ],
-        args![
-            "XREADGROUP",
-            "GROUP",
-            "g3",
-            "dave",
-            "STREAMS",
-            "stream:a",
-            ">"
-        ],
+        args!["XCLAIM", "stream:a", "g1", "alice", "0", "2-0", "IDLE", "3600000", "RETRYCOUNT", "7"],
+        args!["XGROUP", "CREATECONSUMER", "stream:a", "g2", "idle-consumer"],
+        args!["XREADGROUP", "GROUP", "g3", "dave", "STREAMS", "stream:a", ">"],
         args!["XGROUP", "CREATE", "stream:empty", "g", "$", "MKSTREAM"],
         args!["XADD", "stream:alldeleted", "7-1", "f", "v"],
         args!["XADD", "stream:alldeleted", "7-2", "f", "v"],
         args!["XDEL", "stream:alldeleted", "7-1", "7-2"],
     ];
     // A long stream (many listpack nodes), trimmed from the front.
-    let mut adds = Vec::new();
-    for i in 1..=1000 {
+    for i in 1..=1000i64 {
+        let id = format!("{}-{}", 1000 + i / 10, i % 10);
         if i % 3 == 0 {
-            adds.push(args![
-                "XADD",
-                "stream:big",
-                format!("{}-{}", 1000 + i / 10, i % 10),
-                "n",
-                i as i64,
-                "kind",
-                "third"
-            ]);
+            cmds.push(args!["XADD", "stream:big", id, "n", i, "kind", "third"]);
         } else {
-            adds.push(args![
-                "XADD",
-                "stream:big",
-                format!("{}-{}", 1000 + i / 10, i % 10),
-                "n",
-                i as i64
-            ]);
+            cmds.push(args!["XADD", "stream:big", id, "n", i]);
         }
     }
-    cmds.extend(adds);
     cmds.push(args!["XTRIM", "stream:big", "MAXLEN", "=", "700"]);
     cmds.push(args!["XGROUP", "CREATE", "stream:big", "workers", "0"]);
-    cmds.push(args![
-        "XREADGROUP",
-        "GROUP",
-        "workers",
-        "w1",
-        "COUNT",
-        "50",
-        "STREAMS",
-        "stream:big",
-        ">"
-    ]);
-    cmds.push(args![
-        "XREADGROUP",
-        "GROUP",
-        "workers",
-        "w2",
-        "COUNT",
-        "50",
-        "STREAMS",
-        "stream:big",
-        ">"
-    ]);
+    cmds.push(args!["XREADGROUP", "GROUP", "workers", "w1", "COUNT", "50", "STREAMS", "stream:big", ">"]);
+    cmds.push(args!["XREADGROUP", "GROUP", "workers", "w2", "COUNT", "50", "STREAMS", "stream:big", ">"]);
     cmds.push(args!["PEXPIRE", "stream:big", TTL_MS]);
     run_all(c, &cmds);
 }
@@ -1757,252 +1537,4 @@ pub fn check_reference_encodings(c: &mut Client) {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("DEBUG OBJECT list:big: {dbg}"));
     assert!(nodes > 4, "list:big has only {nodes} quicklist nodes");
-}
-
-// ---------------------------------------------------------------------------
-// RDB bytes
-// ---------------------------------------------------------------------------
-
-/// Redis's CRC-64 (Jones polynomial, reflected, initial value 0): the footer of RDB
-/// files (version >= 5) and of DUMP payloads.
-pub fn crc64(data: &[u8]) -> u64 {
-    static TABLE: std::sync::OnceLock<[u64; 256]> = std::sync::OnceLock::new();
-    let table = TABLE.get_or_init(|| {
-        const POLY: u64 = 0x95ac_9329_ac4b_c9b5; // 0xad93d23594c935a9 bit-reversed
-        let mut t = [0u64; 256];
-        for (i, slot) in t.iter_mut().enumerate() {
-            let mut crc = i as u64;
-            for _ in 0..8 {
-                crc = if crc & 1 == 1 {
-                    (crc >> 1) ^ POLY
-                } else {
-                    crc >> 1
-                };
-            }
-            *slot = crc;
-        }
-        t
-    });
-    let mut crc = 0u64;
-    for &b in data {
-        crc = table[((crc ^ b as u64) & 0xff) as usize] ^ (crc >> 8);
-    }
-    crc
-}
-
-/// Replaces the CRC at the end of a DUMP payload (or an RDB file) with the right one.
-pub fn fix_crc(mut data: Vec<u8>) -> Vec<u8> {
-    let n = data.len();
-    let crc = crc64(&data[..n - 8]);
-    data[n - 8..].copy_from_slice(&crc.to_le_bytes());
-    data
-}
-
-/// RDB length encoding: 6-bit, 14-bit, 32-bit or 64-bit (big-endian after the tag).
-pub fn rdb_len(n: u64) -> Vec<u8> {
-    if n < 64 {
-        vec![n as u8]
-    } else if n < 16384 {
-        vec![0x40 | (n >> 8) as u8, n as u8]
-    } else if n <= u32::MAX as u64 {
-        let mut v = vec![0x80];
-        v.extend_from_slice(&(n as u32).to_be_bytes());
-        v
-    } else {
-        let mut v = vec![0x81];
-        v.extend_from_slice(&n.to_be_bytes());
-        v
-    }
-}
-
-/// A length-prefixed RDB string.
-pub fn rdb_str(s: &[u8]) -> Vec<u8> {
-    let mut v = rdb_len(s.len() as u64);
-    v.extend_from_slice(s);
-    v
-}
-
-/// Reads an RDB length at `*pos`: (value, true when it is a special encoding 0xC?).
-pub fn read_rdb_len(buf: &[u8], pos: &mut usize) -> (u64, bool) {
-    let b = buf[*pos];
-    *pos += 1;
-    match b >> 6 {
-        0 => ((b & 0x3f) as u64, false),
-        1 => {
-            let v = (((b & 0x3f) as u64) << 8) | buf[*pos] as u64;
-            *pos += 1;
-            (v, false)
-        }
-        2 if b == 0x80 => {
-            let v = u32::from_be_bytes(buf[*pos..*pos + 4].try_into().unwrap()) as u64;
-            *pos += 4;
-            (v, false)
-        }
-        2 => {
-            let v = u64::from_be_bytes(buf[*pos..*pos + 8].try_into().unwrap());
-            *pos += 8;
-            (v, false)
-        }
-        _ => ((b & 0x3f) as u64, true),
-    }
-}
-
-/// Skips one RDB string at `*pos`; returns its encoding: "raw", "int", or "lzf".
-pub fn skip_rdb_string(buf: &[u8], pos: &mut usize) -> &'static str {
-    let (n, special) = read_rdb_len(buf, pos);
-    if !special {
-        *pos += n as usize;
-        return "raw";
-    }
-    match n {
-        0 => {
-            *pos += 1;
-            "int"
-        }
-        1 => {
-            *pos += 2;
-            "int"
-        }
-        2 => {
-            *pos += 4;
-            "int"
-        }
-        3 => {
-            let (clen, _) = read_rdb_len(buf, pos);
-            let _ulen = read_rdb_len(buf, pos);
-            *pos += clen as usize;
-            "lzf"
-        }
-        other => panic!("unknown RDB string encoding {other}"),
-    }
-}
-
-/// Finds a top-level key stored as a plain RDB string of fewer than 64 bytes: returns
-/// (type byte, offset of the value). None when the name is not found in that form.
-pub fn find_key(file: &[u8], key: &[u8]) -> Option<(u8, usize)> {
-    assert!(!key.is_empty() && key.len() < 64);
-    let mut needle = vec![key.len() as u8];
-    needle.extend_from_slice(key);
-    let mut from = 1;
-    while from + needle.len() <= file.len() {
-        let at = file[from..]
-            .windows(needle.len())
-            .position(|w| w == needle)?
-            + from;
-        let ty = file[at - 1];
-        if ty <= 21 && ty != 8 {
-            return Some((ty, at + needle.len()));
-        }
-        from = at + 1;
-    }
-    None
-}
-
-// ---- old value encodings, for files assembled by hand ----
-
-/// One ziplist entry.
-pub enum Zl<'a> {
-    S(&'a [u8]),
-    I(i64),
-}
-
-/// A ziplist (Redis 2.6 - 6.2): zlbytes u32 LE, zltail u32 LE (offset of the last
-/// entry), zllen u16 LE, entries (prevlen, encoding, data), 0xFF.
-pub fn ziplist(entries: &[Zl]) -> Vec<u8> {
-    let mut body = Vec::new();
-    let mut prev_len = 0usize;
-    let mut last_offset = 10usize;
-    for e in entries {
-        let start = body.len();
-        last_offset = 10 + start;
-        // prevlen: one byte below 254, else 0xFE and a u32 LE.
-        if prev_len < 254 {
-            body.push(prev_len as u8);
-        } else {
-            body.push(0xFE);
-            body.extend_from_slice(&(prev_len as u32).to_le_bytes());
-        }
-        match e {
-            Zl::S(s) => {
-                let n = s.len();
-                if n <= 63 {
-                    body.push(n as u8); // 00pppppp
-                } else if n <= 16383 {
-                    body.push(0x40 | (n >> 8) as u8); // 01pppppp qqqqqqqq (big-endian)
-                    body.push(n as u8);
-                } else {
-                    body.push(0x80); // 10000000 + u32 big-endian
-                    body.extend_from_slice(&(n as u32).to_be_bytes());
-                }
-                body.extend_from_slice(s);
-            }
-            Zl::I(v) => {
-                let v = *v;
-                if (0..=12).contains(&v) {
-                    body.push(0xF1 + v as u8); // 1111xxxx: immediate 0..12
-                } else if i8::try_from(v).is_ok() {
-                    body.push(0xFE); // int8
-                    body.push(v as i8 as u8);
-                } else if i16::try_from(v).is_ok() {
-                    body.push(0xC0); // int16 LE
-                    body.extend_from_slice(&(v as i16).to_le_bytes());
-                } else if (-(1 << 23)..(1 << 23)).contains(&v) {
-                    body.push(0xF0); // int24 LE
-                    body.extend_from_slice(&(v as i32).to_le_bytes()[..3]);
-                } else if i32::try_from(v).is_ok() {
-                    body.push(0xD0); // int32 LE
-                    body.extend_from_slice(&(v as i32).to_le_bytes());
-                } else {
-                    body.push(0xE0); // int64 LE
-                    body.extend_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
-        prev_len = body.len() - start;
-    }
-    let total = 10 + body.len() + 1;
-    let mut zl = Vec::with_capacity(total);
-    zl.extend_from_slice(&(total as u32).to_le_bytes());
-    zl.extend_from_slice(&(last_offset as u32).to_le_bytes());
-    zl.extend_from_slice(&(entries.len() as u16).to_le_bytes());
-    zl.extend_from_slice(&body);
-    zl.push(0xFF);
-    zl
-}
-
-/// A zipmap (Redis < 2.6 small hashes): zmlen (1 byte), then per pair <len>key
-/// <len><free>value, lengths as 1 byte (< 254) or 0xFE + u32 LE; 0xFF at the end.
-pub fn zipmap(pairs: &[(&[u8], &[u8])]) -> Vec<u8> {
-    fn zlen(out: &mut Vec<u8>, n: usize) {
-        if n < 254 {
-            out.push(n as u8);
-        } else {
-            out.push(254);
-            out.extend_from_slice(&(n as u32).to_le_bytes());
-        }
-    }
-    let mut zm = vec![pairs.len() as u8];
-    for (k, v) in pairs {
-        zlen(&mut zm, k.len());
-        zm.extend_from_slice(k);
-        zlen(&mut zm, v.len());
-        zm.push(0); // free bytes after the value
-        zm.extend_from_slice(v);
-    }
-    zm.push(0xFF);
-    zm
-}
-
-/// An intset: encoding (bytes per integer: 2, 4 or 8) u32 LE, length u32 LE, the
-/// integers sorted ascending, little-endian.
-pub fn intset(width: usize, values: &[i64]) -> Vec<u8> {
-    let mut v: Vec<i64> = values.to_vec();
-    v.sort();
-    let mut out = Vec::new();
-    out.extend_from_slice(&(width as u32).to_le_bytes());
-    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes()[..width]);
-    }
-    out
 }
