@@ -351,6 +351,10 @@ pub static PARAMS: &[Param] = &[
     p("active-expire-effort", Kind::Int(1, 10), "1", true, false),
 ];
 
+/// Settings CONFIG SET changes only with `enable-protected-configs` (Redis 7: where data
+/// files go).
+const PROTECTED: &[&str] = &["dir", "dbfilename"];
+
 pub fn find_param(name: &str) -> Option<usize> {
     let lower = name.to_ascii_lowercase();
     PARAMS
@@ -498,8 +502,14 @@ impl Config {
     }
 
     /// CONFIG SET of several pairs: all or nothing, with Redis's error texts.
-    pub fn set_many(&mut self, pairs: &[(String, String)]) -> Result<(), String> {
+    /// `local`: the request came over loopback (`enable-protected-configs local`).
+    pub fn set_many(&mut self, pairs: &[(String, String)], local: bool) -> Result<(), String> {
         let mut staged = self.values.clone();
+        let protected_ok = match self.get("enable-protected-configs") {
+            "yes" => true,
+            "local" => local,
+            _ => false,
+        };
         for (name, value) in pairs {
             let Some(i) = find_param(name) else {
                 return Err(format!(
@@ -511,6 +521,12 @@ impl Config {
             if !param.mutable {
                 return Err(format!(
                     "ERR CONFIG SET failed (possibly related to argument '{}') - can't set immutable config",
+                    name
+                ));
+            }
+            if PROTECTED.contains(&param.name) && !protected_ok {
+                return Err(format!(
+                    "ERR CONFIG SET failed (possibly related to argument '{}') - can't set protected config",
                     name
                 ));
             }
@@ -698,17 +714,29 @@ mod tests {
     fn set_many_is_all_or_nothing() {
         let mut c = Config::default();
         let err = c
-            .set_many(&[
-                ("maxclients".into(), "50".into()),
-                ("timeout".into(), "abc".into()),
-            ])
+            .set_many(
+                &[
+                    ("maxclients".into(), "50".into()),
+                    ("timeout".into(), "abc".into()),
+                ],
+                false,
+            )
             .unwrap_err();
         assert!(err.contains("timeout"), "{err}");
         assert_eq!(c.get("maxclients"), "10000");
-        c.set_many(&[("maxmemory".into(), "1mb".into())]).unwrap();
+        c.set_many(&[("maxmemory".into(), "1mb".into())], false)
+            .unwrap();
         assert_eq!(c.get("maxmemory"), "1048576");
-        assert!(c.set_many(&[("databases".into(), "3".into())]).is_err());
-        assert!(c.set_many(&[("nosuch".into(), "3".into())]).is_err());
+        assert!(c
+            .set_many(&[("databases".into(), "3".into())], false)
+            .is_err());
+        assert!(c.set_many(&[("nosuch".into(), "3".into())], false).is_err());
+        // Where data files go is protected (enable-protected-configs).
+        let e = c.set_many(&[("dir".into(), "/".into())], true).unwrap_err();
+        assert!(e.contains("can't set protected config"), "{e}");
+        c.set_initial("enable-protected-configs", "local").unwrap();
+        assert!(c.set_many(&[("dir".into(), "/".into())], false).is_err());
+        c.set_many(&[("dir".into(), "/".into())], true).unwrap();
     }
 
     #[test]

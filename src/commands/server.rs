@@ -450,8 +450,9 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                     )
                 })
                 .collect();
+            let local = sess.stream.peer_addr().is_ok_and(|a| a.ip().is_loopback());
             let mut config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
-            match config.set_many(&pairs) {
+            match config.set_many(&pairs, local) {
                 Ok(()) => {
                     shared.tunables.refresh(&config);
                     drop(config);

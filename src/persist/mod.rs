@@ -17,7 +17,6 @@ use crate::shard::Shared;
 #[derive(Default)]
 pub struct State {
     pub bgsave_in_progress: AtomicBool,
-    pub bgsave_scheduled: AtomicBool,
     pub bgsave_started_unix: AtomicU64,
     pub last_bgsave_secs: AtomicI64,
     /// False after a failed snapshot, until one succeeds.

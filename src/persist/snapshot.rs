@@ -271,20 +271,34 @@ fn claim(worker: &Worker) -> Result<(), String> {
 /// the file is on disk.
 pub async fn save(worker: &Rc<Worker>) -> Result<(), String> {
     claim(worker)?;
-    run_claimed(worker).await
+    let cut = cut(worker).await?;
+    finish(worker, cut).await
 }
 
-/// Starts a snapshot in the background on this thread; fails at once if one is running.
-pub fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
+/// Takes a snapshot whose file is written in the background. Returns once the cut is
+/// made, so a write the caller sends after the reply is not in the file (as after
+/// Redis's fork); fails at once if a snapshot is running.
+pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
     claim(worker)?;
+    let cut = cut(worker).await?;
     let w = worker.clone();
     tokio::task::spawn_local(async move {
-        let _ = run_claimed(&w).await;
+        let _ = finish(&w, cut).await;
     });
     Ok(())
 }
 
-async fn run_claimed(worker: &Rc<Worker>) -> Result<(), String> {
+/// A snapshot whose cut is made and whose file is being written.
+struct Cut {
+    started: Instant,
+    path: PathBuf,
+    /// Each shard's write counter at the cut.
+    dirty: Vec<u64>,
+    written: oneshot::Receiver<std::io::Result<u64>>,
+}
+
+/// Starts the writer thread and makes the cut (see the module comment).
+async fn cut(worker: &Rc<Worker>) -> Result<Cut, String> {
     let state = &worker.shared.persist;
     let started = Instant::now();
     state
@@ -305,13 +319,27 @@ async fn run_claimed(worker: &Rc<Worker>) -> Result<(), String> {
         state.bgsave_in_progress.store(false, Ordering::Release);
         return Err(format!("ERR cannot start the snapshot writer: {e}"));
     }
-    let cut = {
-        let tx = Tx::lock_keys(worker, &[], true).await;
-        let dirty = broadcast(worker, move |w| begin_on_shard(w, &to_writer, opts)).await;
-        drop(tx);
-        dirty
-    };
-    let result = done_rx
+    let tx = Tx::lock_keys(worker, &[], true).await;
+    let dirty = broadcast(worker, move |w| begin_on_shard(w, &to_writer, opts)).await;
+    drop(tx);
+    Ok(Cut {
+        started,
+        path,
+        dirty,
+        written: done_rx,
+    })
+}
+
+/// Waits for the file and records the outcome.
+async fn finish(worker: &Rc<Worker>, cut: Cut) -> Result<(), String> {
+    let state = &worker.shared.persist;
+    let Cut {
+        started,
+        path,
+        dirty,
+        written,
+    } = cut;
+    let result = written
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("the snapshot writer stopped")));
     state
@@ -326,7 +354,7 @@ async fn run_claimed(worker: &Rc<Worker>) -> Result<(), String> {
                 started.elapsed().as_millis()
             );
             broadcast(worker, move |w| {
-                w.shard.borrow_mut().dirty_saved = cut[w.id];
+                w.shard.borrow_mut().dirty_saved = dirty[w.id];
             })
             .await;
             worker
@@ -379,15 +407,11 @@ pub async fn changes_since_save(worker: &Rc<Worker>) -> u64 {
     .sum()
 }
 
-/// Run once a second on thread 0: starts a BGSAVE when a save point is reached (or one
-/// was scheduled), as Redis's serverCron does. After a failure it waits 5 s to retry.
+/// Run once a second on thread 0: starts a BGSAVE when a save point is reached, as
+/// Redis's serverCron does. After a failure it waits 5 s to retry.
 pub async fn cron(worker: &Rc<Worker>) {
     let state = &worker.shared.persist;
     if state.bgsave_in_progress.load(Ordering::Acquire) {
-        return;
-    }
-    if state.bgsave_scheduled.swap(false, Ordering::AcqRel) {
-        let _ = bgsave(worker);
         return;
     }
     let points = save_points(worker);
@@ -407,7 +431,7 @@ pub async fn cron(worker: &Rc<Worker>) {
         .any(|&(secs, n)| changes >= n && now.saturating_sub(last) >= secs)
     {
         tracing::info!("{changes} changes in the last save period: saving...");
-        let _ = bgsave(worker);
+        let _ = bgsave(worker).await;
     }
 }
 

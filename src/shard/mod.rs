@@ -272,8 +272,6 @@ pub struct Shard {
     pub dirty: u64,
     /// `dirty` when the last successful snapshot cut this shard.
     pub dirty_saved: u64,
-    /// Unix ms when the server started: the origin of OBJECT IDLETIME's clock.
-    started_unix_ms: u64,
     rng: Cell<u64>,
     pub shared: Arc<Shared>,
     /// Slow commands and latency events of this thread.
@@ -285,7 +283,6 @@ pub struct Shard {
 impl Shard {
     pub fn new(id: usize, databases: usize, ncommands: usize, shared: Arc<Shared>) -> Shard {
         Shard {
-            started_unix_ms: unix_ms().saturating_sub(shared.started.elapsed().as_millis() as u64),
             shared,
             logs: Logs::default(),
             dbs: (0..databases)
@@ -389,7 +386,7 @@ impl Shard {
         self.ops_samples.clear();
     }
 
-    /// Seconds since start, the clock of OBJECT IDLETIME.
+    /// Unix seconds, the clock of OBJECT IDLETIME.
     pub fn lru_clock(&self) -> u32 {
         self.lru_at(unix_ms())
     }
@@ -397,7 +394,9 @@ impl Shard {
     /// The OBJECT IDLETIME clock at `now_ms`, without reading the clock again.
     #[inline]
     pub fn lru_at(&self, now_ms: u64) -> u32 {
-        (now_ms.saturating_sub(self.started_unix_ms) / 1000) as u32
+        // Unix seconds: an idle time from a file or RESTORE ... IDLETIME may reach back
+        // before the server started (u32 holds them until 2106).
+        (now_ms / 1000) as u32
     }
 
     /// Looks a key up, deleting it first if it has expired (lazy expiry).

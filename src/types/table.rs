@@ -18,7 +18,7 @@ pub struct Entry {
     /// Absolute expiry in unix milliseconds, 0 for none. Changed only through the table,
     /// which keeps the per-segment counts of volatile keys.
     expire_at: u64,
-    /// Seconds since the server started at the last access (OBJECT IDLETIME).
+    /// Unix seconds of the last access (OBJECT IDLETIME).
     pub lru: u32,
 }
 
