@@ -1152,3 +1152,57 @@ fn bgsave_is_point_in_time_under_load() {
         check_invariants(&mut k.client(), name);
     }
 }
+
+/// A queue long enough to be written a few nodes at a time, from a clone that shares its
+/// chunks, keeps in the file exactly what it held at BGSAVE, though producers and
+/// consumers push and pop at both ends while the file is written. The pushes and pops go
+/// in the same pipeline as the BGSAVE, right behind it.
+#[test]
+fn bgsave_holds_a_long_queue_as_it_was() {
+    for threads in [1, 4] {
+        let dir = TempDir::new("long-queue");
+        let kite = kite_on(&dir, "dump.rdb", threads, &[]);
+        let mut c = kite.client();
+        let job = |i: usize| format!("job-{i}-{}", "p".repeat(120));
+        for start in (0..100_000).step_by(5_000) {
+            let mut push = vec!["RPUSH".to_string(), "queue:default".to_string()];
+            push.extend((start..start + 5_000).map(job));
+            c.cmd(&push);
+        }
+        let mut cmds = vec![vec!["BGSAVE".to_string()]];
+        for i in 0..5_000 {
+            cmds.push(vec![
+                "LPUSH".into(),
+                "queue:default".into(),
+                format!("late-{i}"),
+            ]);
+            cmds.push(vec!["RPOP".into(), "queue:default".into()]);
+            cmds.push(vec![
+                "LSET".into(),
+                "queue:default".into(),
+                "50000".into(),
+                "changed".into(),
+            ]);
+        }
+        let replies = c.pipeline(&cmds);
+        assert_eq!(replies[0], Resp::simple("Background saving started"));
+        wait_bgsave_done(&mut c);
+        drop(kite);
+        let again = kite_on(&dir, "dump.rdb", threads, &[]);
+        let mut c = again.client();
+        assert_eq!(c.cmd(&["LLEN", "queue:default"]), Resp::Integer(100_000));
+        for (i, want) in [(0, job(0)), (50_000, job(50_000)), (99_999, job(99_999))] {
+            assert_eq!(
+                c.cmd(&["LINDEX", "queue:default", &i.to_string()]),
+                Resp::bulk(want),
+                "element {i}, --threads {threads}"
+            );
+        }
+        let all = c.cmd(&["LRANGE", "queue:default", "0", "-1"]);
+        let items = all.as_array().expect("array");
+        assert!(items
+            .iter()
+            .enumerate()
+            .all(|(i, v)| v == &Resp::bulk(job(i))));
+    }
+}

@@ -6,6 +6,8 @@
 
 pub mod load;
 pub mod rdb;
+pub mod rdbfile;
+pub mod serialize;
 pub mod snapshot;
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};

@@ -8,6 +8,7 @@
 //! pushes at the head, so both kinds of push append without moving data.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Target size of a chunk's packed data (Redis's default list-max-listpack-size -2).
 const CHUNK_BYTES: usize = 8192;
@@ -203,7 +204,9 @@ impl DoubleEndedIterator for ChunkIter<'_> {
 
 #[derive(Clone, Debug, Default)]
 pub struct List {
-    chunks: VecDeque<Chunk>,
+    /// Chunks are shared, not copied, when the list is cloned (a snapshot takes a list as
+    /// it is at its cut that way); a shared chunk is copied before it changes.
+    chunks: VecDeque<Arc<Chunk>>,
     len: usize,
     bytes: usize,
 }
@@ -228,9 +231,9 @@ impl List {
             .back()
             .is_some_and(|c| c.data.len() + need <= CHUNK_BYTES || c.count == 0);
         if !fits {
-            self.chunks.push_back(Chunk::default());
+            self.chunks.push_back(Arc::default());
         }
-        self.chunks.back_mut().expect("a chunk").push_back(v);
+        Arc::make_mut(self.chunks.back_mut().expect("a chunk")).push_back(v);
         self.len += 1;
         self.bytes += v.len();
     }
@@ -247,19 +250,19 @@ impl List {
             // time does not allocate (and zero) 8 KiB per job.
             let front_size = self.chunks.front().map_or(0, |c| c.data.len());
             let size = (front_size * 2).clamp(64, CHUNK_BYTES).max(need);
-            self.chunks.push_front(Chunk {
+            self.chunks.push_front(Arc::new(Chunk {
                 data: vec![0; size],
                 head: size,
                 count: 0,
-            });
+            }));
         }
-        self.chunks.front_mut().expect("a chunk").push_front(v);
+        Arc::make_mut(self.chunks.front_mut().expect("a chunk")).push_front(v);
         self.len += 1;
         self.bytes += v.len();
     }
 
     pub fn pop_front(&mut self) -> Option<Box<[u8]>> {
-        let c = self.chunks.front_mut()?;
+        let c = Arc::make_mut(self.chunks.front_mut()?);
         let v = c.pop_front();
         if c.count == 0 {
             self.chunks.pop_front();
@@ -270,7 +273,7 @@ impl List {
     }
 
     pub fn pop_back(&mut self) -> Option<Box<[u8]>> {
-        let c = self.chunks.back_mut()?;
+        let c = Arc::make_mut(self.chunks.back_mut()?);
         let v = c.pop_back();
         if c.count == 0 {
             self.chunks.pop_back();
@@ -312,7 +315,7 @@ impl List {
         if items.is_empty() {
             self.chunks.remove(ci);
         } else {
-            self.chunks[ci] = Chunk::from_items(items.iter().map(|v| &v[..]));
+            self.chunks[ci] = Arc::new(Chunk::from_items(items.iter().map(|v| &v[..])));
         }
     }
 
@@ -371,7 +374,7 @@ impl List {
             if items.is_empty() {
                 emptied.push(ci);
             } else {
-                self.chunks[ci] = Chunk::from_items(items.iter().map(|x| &x[..]));
+                self.chunks[ci] = Arc::new(Chunk::from_items(items.iter().map(|x| &x[..])));
             }
         }
         emptied.sort_unstable();
@@ -410,6 +413,25 @@ impl List {
         }
     }
 
+    /// The chunks holding elements: the nodes a snapshot writes, one listpack each.
+    pub fn node_count(&self) -> usize {
+        self.chunks.iter().filter(|c| c.count > 0).count()
+    }
+
+    /// The elements of every non-empty chunk from chunk index `from` on, with the index
+    /// of the chunk after each: a snapshot writes a list a few nodes at a time.
+    pub fn nodes_from(
+        &self,
+        from: usize,
+    ) -> impl Iterator<Item = (usize, impl Iterator<Item = &[u8]>)> {
+        self.chunks
+            .iter()
+            .enumerate()
+            .skip(from)
+            .filter(|(_, c)| c.count > 0)
+            .map(|(i, c)| (i + 1, c.iter()))
+    }
+
     pub fn encoding(&self) -> &'static str {
         if self.len <= LISTPACK_MAX_ITEMS && self.chunks.len() <= 1 {
             "listpack"
@@ -420,12 +442,13 @@ impl List {
 
     pub fn heap_size(&self) -> usize {
         self.chunks.iter().map(|c| c.data.capacity()).sum::<usize>()
-            + self.chunks.capacity() * std::mem::size_of::<Chunk>()
+            + self.chunks.len() * (std::mem::size_of::<Chunk>() + 16)
+            + self.chunks.capacity() * std::mem::size_of::<Arc<Chunk>>()
     }
 }
 
 pub struct ListIter<'a> {
-    chunks: std::collections::vec_deque::Iter<'a, Chunk>,
+    chunks: std::collections::vec_deque::Iter<'a, Arc<Chunk>>,
     front: Option<ChunkIter<'a>>,
     back: Option<ChunkIter<'a>>,
     left: usize,

@@ -157,46 +157,27 @@ pub fn type_of(v: &Value, opts: &Options) -> u8 {
     }
 }
 
-/// A quicklist node closes once its elements' estimated listpack size passes this
-/// (Redis's default list-max-listpack-size -2: 8 KiB).
-const LIST_NODE_BYTES: usize = 8192;
-
-/// An upper bound of an element's listpack entry size; the node count and the nodes
-/// themselves come from this same estimate, so they always agree.
-fn list_entry_estimate(len: usize) -> usize {
-    len + 11
+/// A list is written as quicklist 2 nodes, one packed listpack per chunk of Kite's list
+/// (about 8 KiB, like Redis's default list-max-listpack-size -2): the node count is known
+/// without a pass over the elements, and a snapshot can write a list node by node.
+fn put_list(out: &mut (impl Sink + ?Sized), l: &crate::types::list::List, opts: &Options) {
+    put_len(out, l.node_count() as u64);
+    for (_, node) in l.nodes_from(0) {
+        put_list_node(out, node, opts);
+    }
 }
 
-fn put_list(out: &mut (impl Sink + ?Sized), l: &crate::types::list::List, opts: &Options) {
-    // Counting pass: the count must precede the nodes, and building them all first would
-    // hold a second copy of the list.
-    let mut nodes = 0u64;
-    let mut size = 0usize;
-    for item in l.iter() {
-        if size == 0 {
-            nodes += 1;
-        }
-        size += list_entry_estimate(item.len());
-        if size >= LIST_NODE_BYTES {
-            size = 0;
-        }
-    }
-    put_len(out, nodes);
+pub fn put_list_node<'a>(
+    out: &mut (impl Sink + ?Sized),
+    items: impl Iterator<Item = &'a [u8]>,
+    opts: &Options,
+) {
     let mut lp = listpack::Writer::new();
-    let mut size = 0usize;
-    for item in l.iter() {
+    for item in items {
         lp.push_bytes(item);
-        size += list_entry_estimate(item.len());
-        if size >= LIST_NODE_BYTES {
-            put_len(out, super::QUICKLIST_NODE_PACKED);
-            out.put_blob(std::mem::take(&mut lp).finish(), opts);
-            size = 0;
-        }
     }
-    if size > 0 {
-        put_len(out, super::QUICKLIST_NODE_PACKED);
-        out.put_blob(lp.finish(), opts);
-    }
+    put_len(out, super::QUICKLIST_NODE_PACKED);
+    out.put_blob(lp.finish(), opts);
 }
 
 /// An intset blob: width, count, then the members ascending, little-endian.
