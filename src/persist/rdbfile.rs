@@ -18,6 +18,10 @@ use super::rdb::{op, CRC64};
 use super::serialize::{Msg, Piece};
 use crate::shard::unix_ms;
 
+/// Buffer of each file the writer writes or copies: big enough for few system calls,
+/// small beside the memory the snapshot is meant to hold.
+const IO_BUFFER: usize = 256 * 1024;
+
 /// The file's opening: magic, version, AUX fields and the FUNCTION libraries.
 pub fn header(opts: &Options) -> Vec<u8> {
     let mut out = Vec::new();
@@ -103,7 +107,7 @@ pub fn write_file(
     let mut parts: BTreeMap<u64, PartFile> = BTreeMap::new();
     let result = (|| {
         let mut out = Output {
-            file: BufWriter::with_capacity(1 << 20, File::create(&tmp)?),
+            file: BufWriter::with_capacity(IO_BUFFER, File::create(&tmp)?),
             crc: CRC64.digest(),
             written: 0,
         };
@@ -125,7 +129,7 @@ pub fn write_file(
                         std::collections::btree_map::Entry::Vacant(e) => {
                             let p = dir.join(format!("temp-{stamp}-part-{id}.rdb"));
                             let file = match File::create(&p) {
-                                Ok(f) => BufWriter::with_capacity(1 << 20, f),
+                                Ok(f) => BufWriter::with_capacity(IO_BUFFER, f),
                                 Err(err) => {
                                     failure = Some(err);
                                     continue;
@@ -144,7 +148,7 @@ pub fn write_file(
         if let Some(e) = failure {
             return Err(e);
         }
-        let mut buf = vec![0u8; 1 << 20];
+        let mut buf = vec![0u8; IO_BUFFER];
         for part in parts.values_mut() {
             part.file.flush()?;
             out.select(part.db)?;

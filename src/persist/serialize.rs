@@ -253,17 +253,25 @@ pub fn begin_on_shard(w: &Rc<Worker>, to_writer: &SyncSender<Msg>, opts: Options
     let w = w.clone();
     tokio::task::spawn_local(async move {
         loop {
-            if run_step(&w, &snap) {
-                break;
+            match run_step(&w, &snap) {
+                Step::Done => break,
+                Step::More => tokio::task::yield_now().await,
+                // Spinning would take the CPU the writer needs to catch up.
+                Step::WriterBehind => tokio::time::sleep(Duration::from_millis(1)).await,
             }
-            tokio::task::yield_now().await;
         }
     });
     sh.dirty
 }
 
-/// One pass of the shard's snapshot work; true when it is all handed to the writer.
-fn run_step(w: &Rc<Worker>, snap: &Rc<RefCell<ShardSnapshot>>) -> bool {
+enum Step {
+    Done,
+    More,
+    WriterBehind,
+}
+
+/// One pass of the shard's snapshot work.
+fn run_step(w: &Rc<Worker>, snap: &Rc<RefCell<ShardSnapshot>>) -> Step {
     let started = Instant::now();
     snap.borrow_mut().pump();
     while started.elapsed() < STEP_BUDGET && !snap.borrow().idle_for_writer() {
@@ -287,8 +295,11 @@ fn run_step(w: &Rc<Worker>, snap: &Rc<RefCell<ShardSnapshot>>) -> bool {
         .iter()
         .any(|d| d.table.snapshot_running());
     let mut s = snap.borrow_mut();
+    if s.idle_for_writer() {
+        return Step::WriterBehind;
+    }
     if !tables_done || !s.deferred.is_empty() {
-        return false;
+        return Step::More;
     }
     for db in 0..s.open.len() {
         let pieces = s.open[db].take();
@@ -300,7 +311,7 @@ fn run_step(w: &Rc<Worker>, snap: &Rc<RefCell<ShardSnapshot>>) -> bool {
     if s.outbox.is_empty() {
         // The last sender of this shard goes: once all are gone the writer finishes.
         s.to_writer = None;
-        return true;
+        return Step::Done;
     }
-    false
+    Step::WriterBehind
 }
