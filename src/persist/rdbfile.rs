@@ -20,7 +20,7 @@ use crate::shard::unix_ms;
 
 /// Buffer of each file the writer writes or copies: big enough for few system calls,
 /// small beside the memory the snapshot is meant to hold.
-const IO_BUFFER: usize = 256 * 1024;
+const IO_BUFFER: usize = 128 * 1024;
 
 /// The file's opening: magic, version, AUX fields and the FUNCTION libraries.
 pub fn header(opts: &Options) -> Vec<u8> {

@@ -1,7 +1,7 @@
 //! A snapshot's work on one shard: its tables serialized on the shard's own thread, a
 //! little per pass of the event loop, and handed to the writer thread (`rdbfile`).
 //!
-//! Memory stays small because nothing waits in bulk: records go out in 64 KiB messages
+//! Memory stays small because nothing waits in bulk: records go out in 32 KiB messages
 //! through a bounded channel, and while the writer is behind the shard produces nothing
 //! (except what a write forces, see `types::table`). A large list is not serialized when
 //! its segment is saved: the snapshot keeps a clone of it, which shares the list's chunks
@@ -23,13 +23,13 @@ use crate::types::table::{Entry, SegmentSink};
 use crate::types::value::Value;
 
 /// Bytes gathered before a message goes to the writer.
-const MESSAGE_BYTES: usize = 64 * 1024;
+const MESSAGE_BYTES: usize = 32 * 1024;
 /// Messages a shard keeps when the writer's channel is full, before it stops producing.
 const OUTBOX_MAX: usize = 2;
 /// Lists with more chunks than this are written a few nodes per pass from a clone.
 const DEFER_NODES: usize = 16;
 /// Nodes of a deferred list written per step.
-const NODES_PER_STEP: usize = 8;
+const NODES_PER_STEP: usize = 4;
 /// Time a shard spends on its snapshot per pass before serving clients again.
 const STEP_BUDGET: Duration = Duration::from_micros(300);
 
