@@ -873,8 +873,8 @@ fn load_marker(bytes: &[u8], extra: &[&str]) -> Resp {
     let dir = TempDir::new("corrupt-ok");
     fs::write(dir.file("dump.rdb"), bytes).unwrap();
     let kite = kite_on(&dir, "dump.rdb", 1, extra);
-    let r = kite.client().cmd(&["GET", "corrupt:marker"]);
-    r
+
+    kite.client().cmd(&["GET", "corrupt:marker"])
 }
 
 #[test]

@@ -177,7 +177,7 @@ pub fn save_points(worker: &Worker) -> Vec<(u64, u64)> {
 
 pub fn parse_save_points(s: &str) -> Option<Vec<(u64, u64)>> {
     let words: Vec<&str> = s.split_whitespace().collect();
-    if words.len() % 2 != 0 {
+    if !words.len().is_multiple_of(2) {
         return None;
     }
     words

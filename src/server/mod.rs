@@ -130,7 +130,7 @@ async fn housekeeping(worker: Rc<Worker>) {
     loop {
         tick.tick().await;
         ticks += 1;
-        if worker.id == 0 && ticks % 10 == 0 {
+        if worker.id == 0 && ticks.is_multiple_of(10) {
             crate::persist::snapshot::cron(&worker).await;
         }
         crate::clock::resync();

@@ -510,7 +510,9 @@ mod tests {
         assert_eq!(t.len(), 51);
     }
 
-    struct Collect(std::rc::Rc<std::cell::RefCell<Vec<(Vec<u8>, i64)>>>);
+    type Saved = std::rc::Rc<std::cell::RefCell<Vec<(Vec<u8>, i64)>>>;
+
+    struct Collect(Saved);
 
     impl SegmentSink for Collect {
         fn save(&mut self, entries: &mut dyn Iterator<Item = &Entry>) {

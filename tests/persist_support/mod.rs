@@ -315,10 +315,13 @@ pub enum Value {
     Stream(Stream),
 }
 
+/// A stream entry: its id and its field/value pairs in order.
+pub type StreamEntry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stream {
-    /// XRANGE - +: (id, field/value pairs in order).
-    pub entries: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)>,
+    /// XRANGE - +.
+    pub entries: Vec<StreamEntry>,
     /// Fields of XINFO STREAM that the file stores (see [`STREAM_META`]), as text
     /// ("nil" for a null). A field the server does not report is absent.
     pub meta: BTreeMap<String, String>,
@@ -457,7 +460,10 @@ fn flat_pairs(r: &Resp, what: &str) -> Vec<(String, Resp)> {
         return m.iter().map(|(k, v)| (text(k), v.clone())).collect();
     }
     let a = expect_array(r, what);
-    assert!(a.len() % 2 == 0, "{what}: odd-length field list {r}");
+    assert!(
+        a.len().is_multiple_of(2),
+        "{what}: odd-length field list {r}"
+    );
     a.chunks(2).map(|p| (text(&p[0]), p[1].clone())).collect()
 }
 
@@ -842,7 +848,7 @@ fn stream_diff(a: &Stream, b: &Stream, out: &mut Vec<String>) {
             .zip(b.entries.iter())
             .take_while(|(x, y)| x == y)
             .count();
-        let show = |v: &[(String, Vec<(Vec<u8>, Vec<u8>)>)]| {
+        let show = |v: &[StreamEntry]| {
             v.get(i)
                 .map(|(id, f)| {
                     let fs: Vec<String> = f
@@ -1077,7 +1083,7 @@ pub fn unhex(s: &str) -> Vec<u8> {
     if s == "-" {
         return Vec::new();
     }
-    assert!(s.len() % 2 == 0, "odd hex string {s:?}");
+    assert!(s.len().is_multiple_of(2), "odd hex string {s:?}");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap_or_else(|_| panic!("bad hex {s:?}")))
@@ -1320,6 +1326,7 @@ pub fn long_key() -> Vec<u8> {
 /// Fills databases 0, 3 and 15 with the common dataset. Deterministic; every write
 /// must succeed. Leaves database 0 selected.
 #[rustfmt::skip]
+#[allow(clippy::vec_init_then_push)] // one push per line reads as the list of writes it is
 pub fn fill_dataset(c: &mut Client) {
     let mut cmds: Vec<Args> = Vec::new();
     cmds.push(args!["SELECT", "0"]);

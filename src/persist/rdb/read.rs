@@ -685,7 +685,7 @@ fn read_stream<R: Read>(r: &mut Reader<R>, t: u8) -> Result<Stream> {
         stream_node_entries(r, master, &lp, &mut entries)?;
     }
     for (id, pairs) in entries {
-        if s.log.len() > 0 && id <= s.log.last_id {
+        if !s.log.is_empty() && id <= s.log.last_id {
             return r.err("stream entries out of order");
         }
         s.log.append(id, &pairs);
