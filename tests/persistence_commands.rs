@@ -1206,3 +1206,61 @@ fn bgsave_holds_a_long_queue_as_it_was() {
             .all(|(i, v)| v == &Resp::bulk(job(i))));
     }
 }
+
+/// Consumer-group writes are changes too: after a SAVE, each of XGROUP CREATE, XREADGROUP,
+/// XACK, XCLAIM, XAUTOCLAIM, XGROUP SETID/CREATECONSUMER/DELCONSUMER/DESTROY and XSETID
+/// raises rdb_changes_since_last_save, as in Redis, so save points see queues that only
+/// move through groups.
+#[test]
+fn consumer_group_writes_count_as_changes() {
+    let dir = TempDir::new("group-changes");
+    let kite = kite_on(&dir, "dump.rdb", 2, &[]);
+    let mut c = kite.client();
+    c.cmd(&["XADD", "events", "1-1", "a", "1"]);
+    c.cmd(&["XADD", "events", "2-1", "b", "2"]);
+    assert_eq!(c.cmd(&["SAVE"]), Resp::ok());
+    let steps: &[&[&str]] = &[
+        &["XGROUP", "CREATE", "events", "g", "0"],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "alice",
+            "COUNT",
+            "1",
+            "STREAMS",
+            "events",
+            ">",
+        ],
+        &["XACK", "events", "g", "1-1"],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g",
+            "alice",
+            "STREAMS",
+            "events",
+            ">",
+        ],
+        &["XCLAIM", "events", "g", "bob", "0", "2-1"],
+        &["XAUTOCLAIM", "events", "g", "carol", "0", "0"],
+        &["XGROUP", "CREATECONSUMER", "events", "g", "dave"],
+        &["XGROUP", "DELCONSUMER", "events", "g", "dave"],
+        &["XGROUP", "SETID", "events", "g", "0"],
+        &["XSETID", "events", "5-0"],
+        &["XGROUP", "DESTROY", "events", "g"],
+    ];
+    let mut last = 0;
+    for step in steps {
+        let r = c.cmd(step);
+        assert!(!r.is_error(), "{step:?}: {r}");
+        let now: i64 = info_req(&mut c, "persistence", "rdb_changes_since_last_save")
+            .parse()
+            .expect("a number");
+        assert!(
+            now > last,
+            "{step:?} left rdb_changes_since_last_save at {now}"
+        );
+        last = now;
+    }
+}

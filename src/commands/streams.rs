@@ -812,6 +812,7 @@ fn touch_consumer(ctx: &mut ExecCtx, key: &[u8], group: &[u8], consumer: &[u8]) 
     };
     if created {
         ctx.notify(b'x', "xgroup-createconsumer", key);
+        ctx.shard.dirty += 1;
     }
     Some(slot)
 }
@@ -924,6 +925,8 @@ fn serve_group_new(
     match s.log.last_entry_id() {
         Some(last) if last > group_last => {
             deliver_new(s, group, slot, count, noack, now, out);
+            // The group's position and pending entries changed.
+            ctx.shard.dirty += 1;
             Ok(true)
         }
         _ => Ok(false),
@@ -1353,6 +1356,7 @@ pub fn xgroup(ctx: &mut ExecCtx, args: &[Bytes]) {
             s.groups.insert(gname.into(), Group::new(id, entries_read));
             ctx.out.ok();
             ctx.notify(b'x', "xgroup-create", key);
+            ctx.shard.dirty += 1;
         }
         "setid" if argc == 5 || argc == 7 => {
             let id = if c_str(&args[4]) == b"$" {
@@ -1370,6 +1374,7 @@ pub fn xgroup(ctx: &mut ExecCtx, args: &[Bytes]) {
             }
             ctx.out.ok();
             ctx.notify(b'x', "xgroup-setid", key);
+            ctx.shard.dirty += 1;
         }
         "destroy" => {
             let removed = match stream_mut(ctx, key) {
@@ -1379,6 +1384,7 @@ pub fn xgroup(ctx: &mut ExecCtx, args: &[Bytes]) {
             if removed {
                 ctx.out.int(1);
                 ctx.notify(b'x', "xgroup-destroy", key);
+                ctx.shard.dirty += 1;
                 // Consumers blocked on the group must learn it is gone.
                 ctx.key_ready(key);
             } else {
@@ -1396,6 +1402,7 @@ pub fn xgroup(ctx: &mut ExecCtx, args: &[Bytes]) {
             ctx.out.int(created as i64);
             if created {
                 ctx.notify(b'x', "xgroup-createconsumer", key);
+                ctx.shard.dirty += 1;
             }
         }
         "delconsumer" => {
@@ -1410,6 +1417,7 @@ pub fn xgroup(ctx: &mut ExecCtx, args: &[Bytes]) {
             ctx.out.int(pending.unwrap_or(0) as i64);
             if pending.is_some() {
                 ctx.notify(b'x', "xgroup-delconsumer", key);
+                ctx.shard.dirty += 1;
             }
         }
         _ => ctx
@@ -1439,6 +1447,7 @@ pub fn xack(ctx: &mut ExecCtx, args: &[Bytes]) {
         }
     }
     let acked = ids.into_iter().filter(|&id| g.ack(id)).count();
+    ctx.shard.dirty += acked as u64;
     ctx.out.int(acked as i64);
 }
 
@@ -1685,6 +1694,8 @@ pub fn xclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
             n += 1;
         }
     }
+    // Claims (and the seen time of the consumer) change the group.
+    ctx.shard.dirty += 1;
     ctx.out.array(n);
     ctx.out.raw(&body.buf);
 }
@@ -1802,6 +1813,9 @@ pub fn xautoclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
             }
         }
     }
+    if claimed > 0 || !deleted.is_empty() {
+        ctx.shard.dirty += 1;
+    }
     let out = &mut *ctx.out;
     out.array(3);
     put_id(out, cursor);
@@ -1885,6 +1899,7 @@ pub fn xsetid(ctx: &mut ExecCtx, args: &[Bytes]) {
     }
     ctx.out.ok();
     ctx.notify(b'x', "xsetid", key);
+    ctx.shard.dirty += 1;
 }
 
 // ---------------------------------------------------------------------------

@@ -93,7 +93,8 @@ async fn cut(worker: &Rc<Worker>) -> Result<Cut, String> {
     let (opts, checksum) = write_options(worker);
     let (to_writer, chunks) = mpsc::sync_channel::<Msg>(WRITER_QUEUE);
     let (done_tx, done_rx) = oneshot::channel();
-    let head = header(&opts);
+    // The header holds the FUNCTION libraries: taken at the cut, not before it.
+    let (head_tx, head_rx) = mpsc::sync_channel::<Vec<u8>>(1);
     let writer_path = path.clone();
     let spawned = std::thread::Builder::new()
         .name("kite-rdb-writer".into())
@@ -103,7 +104,11 @@ async fn cut(worker: &Rc<Worker>) -> Result<Cut, String> {
             unsafe {
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
             }
-            let _ = done_tx.send(write_file(&writer_path, head, chunks, checksum, opts));
+            let written = match head_rx.recv() {
+                Ok(head) => write_file(&writer_path, head, chunks, checksum, opts),
+                Err(_) => Err(std::io::Error::other("the snapshot was abandoned")),
+            };
+            let _ = done_tx.send(written);
         });
     if let Err(e) = spawned {
         state.bgsave_in_progress.store(false, Ordering::Release);
@@ -111,6 +116,7 @@ async fn cut(worker: &Rc<Worker>) -> Result<Cut, String> {
     }
     let tx = Tx::lock_keys(worker, &[], true).await;
     let dirty = broadcast(worker, move |w| begin_on_shard(w, &to_writer, opts)).await;
+    let _ = head_tx.send(header(&opts));
     drop(tx);
     Ok(Cut {
         started,
