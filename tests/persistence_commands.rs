@@ -1264,3 +1264,36 @@ fn consumer_group_writes_count_as_changes() {
         last = now;
     }
 }
+
+/// FUNCTION DUMP payloads move both ways with Redis 7.0, which refuses RDB versions above
+/// 10: Kite's carry version 10, like its key DUMPs.
+#[test]
+fn function_dump_moves_both_ways_with_redis70() {
+    if kite_is_redis() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let kite = KiteServer::start(&[], 2);
+    let (mut r, mut k) = (redis.client(), kite.client());
+    let lib = |name: &str, f: &str| {
+        format!(
+            "#!lua name={name}\n-- {}\nredis.register_function('{f}', function() return 7 end)",
+            "long comment ".repeat(40)
+        )
+    };
+    assert!(!r
+        .cmd(&["FUNCTION", "LOAD", &lib("fromredis", "rf")])
+        .is_error());
+    assert!(!k
+        .cmd(&["FUNCTION", "LOAD", &lib("fromkite", "kf")])
+        .is_error());
+    let from_redis = r.cmd(&["FUNCTION", "DUMP"]);
+    let from_kite = k.cmd(&["FUNCTION", "DUMP"]);
+    let (Some(pr), Some(pk)) = (from_redis.as_bytes(), from_kite.as_bytes()) else {
+        panic!("FUNCTION DUMP: {from_redis} / {from_kite}");
+    };
+    assert_eq!(k.cmd(&[&b"FUNCTION"[..], b"RESTORE", pr]), Resp::ok());
+    assert_eq!(r.cmd(&[&b"FUNCTION"[..], b"RESTORE", pk]), Resp::ok());
+    assert_eq!(k.cmd(&["FCALL", "rf", "0"]), Resp::Integer(7));
+    assert_eq!(r.cmd(&["FCALL", "kf", "0"]), Resp::Integer(7));
+}

@@ -1,6 +1,7 @@
 //! FUNCTION libraries: loaded once into a registry every thread shares, then into each
 //! thread's interpreter the first time that thread calls FCALL after a change.
 
+use crate::persist::rdb::{self, op};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -287,19 +288,17 @@ pub fn load_into(vm: &mut Vm, name: &str) -> Result<Function, String> {
 }
 
 // FUNCTION DUMP's payload: Redis's framing (one RDB function record per library, the
-// RDB version, a CRC64), so payloads look and check like Redis's.
-const RDB_OPCODE_FUNCTION2: u8 = 245;
-const RDB_VERSION: u16 = 11;
+// RDB version, a CRC64), written and read with the RDB codec (`persist::rdb`).
 
 pub fn dump(libs: &[Library]) -> Vec<u8> {
     let mut out = Vec::new();
     for lib in libs {
-        out.push(RDB_OPCODE_FUNCTION2);
-        put_rdb_len(&mut out, lib.code.len());
-        out.extend_from_slice(&lib.code);
+        out.push(op::FUNCTION2);
+        rdb::write::put_raw_string(&mut out, &lib.code);
     }
-    out.extend_from_slice(&RDB_VERSION.to_le_bytes());
-    let crc = crc64(&out);
+    // Version 10, as DUMP writes by default: Redis 7.0 refuses anything newer.
+    out.extend_from_slice(&rdb::VERSION_DEFAULT.to_le_bytes());
+    let crc = rdb::crc64(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
@@ -310,119 +309,27 @@ pub fn undump(payload: &[u8]) -> Option<Vec<Vec<u8>>> {
         return None;
     }
     let (body, crc) = payload.split_at(payload.len() - 8);
-    if crc64(body).to_le_bytes() != crc {
+    if rdb::crc64(body).to_le_bytes() != crc {
         return None;
     }
     let (records, version) = body.split_at(body.len() - 2);
-    if u16::from_le_bytes([version[0], version[1]]) > RDB_VERSION {
+    if u16::from_le_bytes([version[0], version[1]]) > rdb::VERSION_MAX {
         return None;
     }
+    let mut r = rdb::read::Reader::new(records);
     let mut codes = Vec::new();
-    let mut pos = 0;
-    while pos < records.len() {
-        if records[pos] != RDB_OPCODE_FUNCTION2 {
+    while (r.offset() as usize) < records.len() {
+        if r.u8().ok()? != op::FUNCTION2 {
             return None;
         }
-        pos += 1;
-        let (code, used) = get_rdb_string(&records[pos..])?;
-        codes.push(code);
-        pos += used;
+        codes.push(r.string().ok()?);
     }
     Some(codes)
-}
-
-fn put_rdb_len(out: &mut Vec<u8>, len: usize) {
-    if len < 1 << 6 {
-        out.push(len as u8);
-    } else if len < 1 << 14 {
-        out.push(0x40 | (len >> 8) as u8);
-        out.push(len as u8);
-    } else {
-        out.push(0x80);
-        out.extend_from_slice(&(len as u32).to_be_bytes());
-    }
-}
-
-/// An RDB string: plain, or LZF-compressed (marker 0xC3) as Redis writes long ones.
-fn get_rdb_string(b: &[u8]) -> Option<(Vec<u8>, usize)> {
-    if *b.first()? == 0xC3 {
-        let (clen, u1) = get_rdb_len(&b[1..])?;
-        let (len, u2) = get_rdb_len(&b[1 + u1..])?;
-        let start = 1 + u1 + u2;
-        let data = lzf_decompress(b.get(start..start + clen)?, len)?;
-        return Some((data, start + clen));
-    }
-    let (len, used) = get_rdb_len(b)?;
-    Some((b.get(used..used + len)?.to_vec(), used + len))
-}
-
-/// LZF decompression: runs of literals and back references, checked against `len`.
-fn lzf_decompress(input: &[u8], len: usize) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(len);
-    let mut i = 0;
-    while i < input.len() {
-        let ctrl = input[i] as usize;
-        i += 1;
-        if ctrl < 32 {
-            let n = ctrl + 1;
-            out.extend_from_slice(input.get(i..i + n)?);
-            i += n;
-        } else {
-            let mut n = ctrl >> 5;
-            if n == 7 {
-                n += *input.get(i)? as usize;
-                i += 1;
-            }
-            let back = ((ctrl & 0x1f) << 8) + *input.get(i)? as usize + 1;
-            i += 1;
-            let from = out.len().checked_sub(back)?;
-            for k in 0..n + 2 {
-                let byte = out[from + k];
-                out.push(byte);
-            }
-        }
-    }
-    (out.len() == len).then_some(out)
-}
-
-fn get_rdb_len(b: &[u8]) -> Option<(usize, usize)> {
-    let first = *b.first()?;
-    match first >> 6 {
-        0 => Some(((first & 0x3f) as usize, 1)),
-        1 => Some(((((first & 0x3f) as usize) << 8) | *b.get(1)? as usize, 2)),
-        2 if first == 0x80 => {
-            let v = u32::from_be_bytes(b.get(1..5)?.try_into().ok()?);
-            Some((v as usize, 5))
-        }
-        _ => None,
-    }
-}
-
-/// CRC-64/Jones as Redis uses it for DUMP payloads (reflected, no final xor).
-fn crc64(data: &[u8]) -> u64 {
-    const POLY: u64 = 0x95AC_9329_AC4B_C9B5;
-    let mut crc = 0u64;
-    for &b in data {
-        crc ^= b as u64;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ POLY
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc64_matches_redis_check_value() {
-        assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
-    }
 
     #[test]
     fn dump_round_trips() {
