@@ -33,26 +33,9 @@ use std::path::PathBuf;
 #[test]
 fn redis70_file_loads_into_kite() {
     let src = TempDir::new("r70-src");
-    let redis = redis_on(
-        &src,
-        "dump.rdb",
-        // list-compress-depth 1: the inner quicklist nodes of list:big are stored
-        // LZF-compressed in the file.
-        &[
-            "--enable-debug-command",
-            "yes",
-            "--list-compress-depth",
-            "1",
-        ],
-    );
+    let redis = redis_on(&src, "dump.rdb", REFERENCE_REDIS_ARGS);
     let mut rc = redis.client();
-    // Elements of 8 KB and more go to plain quicklist nodes (default threshold 1 GB).
-    assert_eq!(
-        rc.cmd(&["DEBUG", "QUICKLIST-PACKED-THRESHOLD", "8192"]),
-        Resp::ok()
-    );
-    fill_dataset(&mut rc);
-    check_reference_encodings(&mut rc);
+    fill_reference_redis(&mut rc);
     // A key that is already expired when the file is written: saved, then dropped by
     // the loader (active expiry off so it is still there at SAVE).
     assert_eq!(rc.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]), Resp::ok());

@@ -86,19 +86,9 @@ fn dump_restore_everything(from: &mut Client, to: &mut Client, what: &str) {
 /// included); Kite RESTOREs them.
 #[test]
 fn dump_on_redis_restore_on_kite() {
-    let redis = RedisServer::start_with(&[
-        "--enable-debug-command",
-        "yes",
-        "--list-compress-depth",
-        "1",
-    ]);
+    let redis = RedisServer::start_with(REFERENCE_REDIS_ARGS);
     let mut rc = redis.client();
-    assert_eq!(
-        rc.cmd(&["DEBUG", "QUICKLIST-PACKED-THRESHOLD", "8192"]),
-        Resp::ok()
-    );
-    fill_dataset(&mut rc);
-    check_reference_encodings(&mut rc);
+    fill_reference_redis(&mut rc);
     for threads in [1, 4] {
         let dir = TempDir::new("dump-r2k");
         let kite = kite_on(&dir, "dump.rdb", threads, &[]);

@@ -56,8 +56,20 @@ fn claim(worker: &Worker) -> Result<(), String> {
 /// the file is on disk.
 pub async fn save(worker: &Rc<Worker>) -> Result<(), String> {
     claim(worker)?;
-    let cut = cut(worker).await?;
-    finish(worker, cut).await
+    let (done, result) = oneshot::channel();
+    let w = worker.clone();
+    // The snapshot runs as a task of its own: should the caller's future be dropped (its
+    // client gone), the snapshot still ends and releases its claim.
+    tokio::task::spawn_local(async move {
+        let r = match cut(&w).await {
+            Ok(c) => finish(&w, c).await,
+            Err(e) => Err(e),
+        };
+        let _ = done.send(r);
+    });
+    result
+        .await
+        .unwrap_or_else(|_| Err("ERR the snapshot stopped".into()))
 }
 
 /// Takes a snapshot whose file is written in the background. Returns once the cut is
@@ -65,12 +77,22 @@ pub async fn save(worker: &Rc<Worker>) -> Result<(), String> {
 /// Redis's fork); fails at once if a snapshot is running.
 pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
     claim(worker)?;
-    let cut = cut(worker).await?;
+    let (made, result) = oneshot::channel();
     let w = worker.clone();
     tokio::task::spawn_local(async move {
-        let _ = finish(&w, cut).await;
+        match cut(&w).await {
+            Ok(c) => {
+                let _ = made.send(Ok(()));
+                let _ = finish(&w, c).await;
+            }
+            Err(e) => {
+                let _ = made.send(Err(e));
+            }
+        }
     });
-    Ok(())
+    result
+        .await
+        .unwrap_or_else(|_| Err("ERR the snapshot stopped".into()))
 }
 
 /// A snapshot whose cut is made and whose file is being written.

@@ -1545,3 +1545,25 @@ pub fn check_reference_encodings(c: &mut Client) {
         .unwrap_or_else(|| panic!("DEBUG OBJECT list:big: {dbg}"));
     assert!(nodes > 4, "list:big has only {nodes} quicklist nodes");
 }
+
+/// redis-server arguments for the reference dataset: DEBUG for the plain-node threshold,
+/// and list-compress-depth 1 so the inner quicklist nodes of list:big are stored
+/// LZF-compressed.
+pub const REFERENCE_REDIS_ARGS: &[&str] = &[
+    "--enable-debug-command",
+    "yes",
+    "--list-compress-depth",
+    "1",
+];
+
+/// Fills a redis-server started with `REFERENCE_REDIS_ARGS` with the common dataset, in
+/// every encoding it has (elements of 8 KB and more in plain quicklist nodes; the
+/// default threshold is 1 GB), and checks the encodings are really there.
+pub fn fill_reference_redis(rc: &mut Client) {
+    assert_eq!(
+        rc.cmd(&["DEBUG", "QUICKLIST-PACKED-THRESHOLD", "8192"]),
+        Resp::ok()
+    );
+    fill_dataset(rc);
+    check_reference_encodings(rc);
+}
