@@ -277,6 +277,8 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
         }
         BlockOp::ListPop { left } => {
             let values = lists::pop_for_waiter(sh, db, key, *left, 1);
+            let name: &[u8] = if *left { b"LPOP" } else { b"RPOP" };
+            sh.log_effect(db, &[name, key]);
             out.array(2);
             out.bulk(key);
             out.bulk(&values[0]);
@@ -289,6 +291,8 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
         }
         BlockOp::ListMultiPop { left, count } => {
             let values = lists::pop_for_waiter(sh, db, key, *left, *count);
+            let name: &[u8] = if *left { b"LPOP" } else { b"RPOP" };
+            sh.log_effect(db, &[name, key, values.len().to_string().as_bytes()]);
             out.array(2);
             out.bulk(key);
             out.array(values.len());
@@ -304,6 +308,12 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
         }
         BlockOp::ZPop { max, count, multi } => {
             let items = zsets::pop_for_waiter(sh, db, key, *max, *count, *multi, &mut out);
+            let name: &[u8] = if *max { b"ZPOPMAX" } else { b"ZPOPMIN" };
+            if *multi {
+                sh.log_effect(db, &[name, key, items.len().to_string().as_bytes()]);
+            } else {
+                sh.log_effect(db, &[name, key]);
+            }
             Some(Undo::ZAdd {
                 db,
                 key: key.clone(),
@@ -324,6 +334,19 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
             let reply = sh.with_ctx(db, |ctx| {
                 streams::serve_blocked_read(ctx, key, from, group.as_ref(), *count, *noack, resp3)
             });
+            if let Some((g, consumer)) = group {
+                // The same read, no longer blocking: it delivers the same entries on replay.
+                let mut argv: Vec<&[u8]> = vec![b"XREADGROUP", b"GROUP", g, consumer];
+                let count = count.to_string();
+                if count != "0" {
+                    argv.extend([b"COUNT".as_slice(), count.as_bytes()]);
+                }
+                if *noack {
+                    argv.push(b"NOACK");
+                }
+                argv.extend([b"STREAMS".as_slice(), key, b">"]);
+                sh.log_effect(db, &argv);
+            }
             out.raw(&reply.buf);
             // Entries read stay read; a group's delivery stays in its pending list, where
             // it can be claimed, as in Redis.
@@ -335,6 +358,17 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
             dst,
         } => {
             let value = lists::move_for_waiter(sh, db, key, *from_left, dst, *to_left);
+            let side = |l: bool| if l { b"LEFT".as_slice() } else { b"RIGHT" };
+            sh.log_effect(
+                db,
+                &[
+                    b"LMOVE".as_slice(),
+                    key,
+                    dst,
+                    side(*from_left),
+                    side(*to_left),
+                ],
+            );
             out.bulk(&value);
             // The element now sits in the destination, where a client that vanished
             // would have put it too: nothing to undo.
@@ -372,6 +406,8 @@ pub fn serve_ready(worker: &Rc<Worker>) {
                 continue;
             }
             let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
+            // The pop is on its way to the AOF before its client can see it.
+            sh.aof_flush();
             if let Err(mpsc::error::SendError(d)) = w.deliver.send(delivery) {
                 if let Some(undo) = d.undo {
                     apply_undo(&mut sh, undo);
@@ -389,7 +425,15 @@ fn apply_undo(sh: &mut Shard, undo: Undo) {
             key,
             left,
             values,
-        } => lists::push_back_for_waiter(sh, db, &key, left, values),
+        } => {
+            if sh.aof_on() {
+                let name: &[u8] = if left { b"LPUSH" } else { b"RPUSH" };
+                let mut argv: Vec<&[u8]> = vec![name, &key];
+                argv.extend(values.iter().rev().map(|v| &v[..]));
+                sh.log_effect(db, &argv);
+            }
+            lists::push_back_for_waiter(sh, db, &key, left, values)
+        }
         Undo::ZAdd { db, key, items } => zsets::push_back_for_waiter(sh, db, &key, items),
     }
 }
@@ -773,8 +817,12 @@ async fn wait(
 ) -> Result<Delivery, Ended> {
     // Replies to the commands pipelined before this one go out before it parks.
     if !sess.out.buf.is_empty() {
+        crate::server::conn::await_durable(sess).await;
         let n = sess.out.buf.len();
-        if io::write_all(&sess.stream, &sess.out.buf).await.is_ok() {
+        if io::write_all(sess.stream.as_deref(), &sess.out.buf)
+            .await
+            .is_ok()
+        {
             sess.worker.shard.borrow_mut().stats.net_output_bytes += n as u64;
         }
         sess.out.buf.clear();
@@ -811,7 +859,7 @@ async fn wait(
                 }
             }
             _ = sleep => Some(Ended::Timeout),
-            r = io::read_some(&stream, &mut sess.stash) => match r {
+            r = io::read_some(stream.as_deref(), &mut sess.stash) => match r {
                 Ok(0) | Err(_) => Some(Ended::ClientGone),
                 Ok(_) => None,
             },

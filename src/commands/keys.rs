@@ -581,13 +581,28 @@ fn flush_mode_ok(args: &[Bytes]) -> bool {
 }
 
 /// Runs `f` on every shard with every shard locked whole (unless EXEC already holds them).
-async fn on_every_shard_locked(sess: &mut Session, f: impl Fn(&mut Shard) + Send + Sync + 'static) {
+/// `effect` is what the AOF logs, once, where the command ran.
+async fn on_every_shard_locked(
+    sess: &mut Session,
+    effect: &[Bytes],
+    f: impl Fn(&mut Shard) + Send + Sync + 'static,
+) {
     let tx = if sess.in_exec {
         None
     } else {
         Some(Tx::lock_keys(&sess.worker, &[], true).await)
     };
     broadcast(&sess.worker, move |w| f(&mut w.shard.borrow_mut())).await;
+    if sess.worker.shared.persist.aof.is_on() {
+        match &tx {
+            Some(tx) => tx.log(sess.db, effect),
+            None => {
+                let mut e = crate::persist::aof::Effects::default();
+                e.push(sess.db, effect);
+                sess.aof_pending.push(e.take_all());
+            }
+        }
+    }
     drop(tx);
 }
 
@@ -596,7 +611,7 @@ async_handler!(flushdb, |sess, args| {
         return sess.out.error(SYNTAX_ERR);
     }
     let db = sess.db;
-    on_every_shard_locked(sess, move |sh| sh.flush_db(db)).await;
+    on_every_shard_locked(sess, &args, move |sh| sh.flush_db(db)).await;
     sess.out.ok();
 });
 
@@ -604,7 +619,7 @@ async_handler!(flushall, |sess, args| {
     if !flush_mode_ok(&args) {
         return sess.out.error(SYNTAX_ERR);
     }
-    on_every_shard_locked(sess, |sh| {
+    on_every_shard_locked(sess, &args, |sh| {
         for db in 0..sh.dbs.len() {
             sh.flush_db(db);
         }
@@ -626,7 +641,7 @@ async_handler!(swapdb, |sess, args| {
     }
     let (a, b) = (a as usize, b as usize);
     if a != b {
-        on_every_shard_locked(sess, move |sh| sh.swap_dbs(a, b)).await;
+        on_every_shard_locked(sess, &args, move |sh| sh.swap_dbs(a, b)).await;
     }
     sess.out.ok();
 });

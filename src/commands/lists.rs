@@ -627,6 +627,15 @@ fn mpop_here(ctx: &mut ExecCtx, keys: &[Bytes], left: bool, count: usize) -> boo
             }
             Ok(None) => continue,
             Ok(Some(items)) => {
+                if ctx.logging() {
+                    let name: &'static [u8] = if left { b"LPOP" } else { b"RPOP" };
+                    let n = items.len().to_string();
+                    ctx.log_as(crate::persist::aof::effects::words(&[
+                        name,
+                        key,
+                        n.as_bytes(),
+                    ]));
+                }
                 ctx.out.array(2);
                 ctx.out.bulk(key);
                 ctx.out.array(items.len());
@@ -668,10 +677,15 @@ async fn mpop_across(
                 let mut out = Reply::new(resp3);
                 let mut ctx = sh.ctx(db, &mut out);
                 let wrote = mpop_here(&mut ctx, &[k], left, count);
-                wrote.then_some(out.buf)
+                let effect = ctx.effect.take();
+                wrote.then_some((out.buf, effect))
             })
             .await;
-        if let Some(r) = reply {
+        if let Some((r, effect)) = reply {
+            // The pop it became, as on one shard.
+            for argv in effect.into_iter().flatten() {
+                tx.log_as(argv);
+            }
             return sess.out.raw(&r);
         }
     }
@@ -697,6 +711,10 @@ fn bpop_here(ctx: &mut ExecCtx, args: &[Bytes], left: bool) {
             Err(()) => return ctx.out.error(WRONGTYPE),
             Ok(None) => continue,
             Ok(Some(items)) => {
+                if ctx.logging() {
+                    let name: &'static [u8] = if left { b"LPOP" } else { b"RPOP" };
+                    ctx.log_as(crate::persist::aof::effects::words(&[name, key]));
+                }
                 ctx.out.array(2);
                 ctx.out.bulk(key);
                 ctx.out.bulk(&items[0]);
@@ -742,7 +760,11 @@ async fn bpop_across(sess: &mut Session, args: Vec<Bytes>, tx: &crate::shard::tx
         match reply {
             None => continue,
             Some(Err(())) => return sess.out.error(WRONGTYPE),
-            Some(Ok(r)) => return sess.out.raw(&r),
+            Some(Ok(r)) => {
+                let name: &'static [u8] = if left { b"LPOP" } else { b"RPOP" };
+                tx.log_as(crate::persist::aof::effects::words(&[name, key]));
+                return sess.out.raw(&r);
+            }
         }
     }
     sess.out.null_array();
@@ -760,6 +782,16 @@ cross_handler!(brpop_cross, |sess, args, tx| {
 pub fn blmove(ctx: &mut ExecCtx, args: &[Bytes]) {
     if let Err(e) = parse_timeout(&args[args.len() - 1]) {
         return ctx.out.error(e);
+    }
+    if ctx.logging() {
+        // Logged only if it moved something: the non-blocking form of the same move.
+        let mut argv = args[..args.len() - 1].to_vec();
+        argv[0] = if eq_ci(&args[0], "brpoplpush") {
+            Bytes::from_static(b"RPOPLPUSH")
+        } else {
+            Bytes::from_static(b"LMOVE")
+        };
+        ctx.log_as(argv);
     }
     move_here(ctx, args);
 }

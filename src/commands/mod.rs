@@ -435,7 +435,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
     }
     let gate = sess.worker.shared.persist.gate();
     if gate != 0 {
-        if gate & crate::persist::GATE_LOADING != 0 && !cmd.has(flags::LOADING) {
+        if gate & crate::persist::GATE_LOADING != 0 && !cmd.has(flags::LOADING) && !sess.replaying {
             reject_command(sess, cmd, crate::persist::LOADING_ERR);
             return;
         }
@@ -449,6 +449,11 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
                     .is_some_and(|m| m.queued.iter().any(|(c, _)| c.has(flags::WRITE))));
         if gate & crate::persist::GATE_MISCONF != 0 && writes {
             reject_command(sess, cmd, crate::persist::MISCONF_ERR);
+            return;
+        }
+        if gate & crate::persist::GATE_AOF != 0 && writes && cmd.name != "ping" {
+            let msg = sess.worker.shared.persist.aof.error_reply();
+            reject_command(sess, cmd, &msg);
             return;
         }
     }
@@ -569,7 +574,8 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                     .collect();
                 let tx = Tx::lock_keys(&sess.worker, &keys, false).await;
                 let kept = args.clone();
-                cross(sess, args, &tx).await;
+                let db = sess.db;
+                tx.logged(db, &kept, cross(sess, args, &tx)).await;
                 drop(tx);
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
                 sess.record_here(cmd, &kept, start, mark);

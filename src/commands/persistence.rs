@@ -2,6 +2,7 @@
 //! `persist/`; this file parses arguments and shapes replies as Redis does.
 
 use bytes::Bytes;
+use std::sync::atomic::Ordering;
 
 use super::util::{eq_ci, SYNTAX_ERR};
 use crate::async_handler;
@@ -18,13 +19,28 @@ async_handler!(save, |sess, _args| {
 });
 
 async_handler!(bgsave, |sess, args| {
-    // SCHEDULE defers a BGSAVE only behind an AOF rewrite, which Kite does not run yet:
-    // behind another BGSAVE it is refused like a plain one, as in Redis.
+    // SCHEDULE defers a BGSAVE only behind an AOF rewrite: behind another BGSAVE it is
+    // refused like a plain one, as in Redis.
     if args.len() > 2 || args.get(1).is_some_and(|a| !eq_ci(a, "schedule")) {
         return sess.out.error(SYNTAX_ERR);
     }
+    let persist = &sess.worker.shared.persist;
+    if persist.aof.rewrite_in_progress.load(Ordering::Acquire) {
+        if args.len() == 2 {
+            persist.bgsave_scheduled.store(true, Ordering::Release);
+            return sess.out.simple("Background saving scheduled");
+        }
+        return sess.out.error("ERR An AOF log rewriting in progress: can't BGSAVE right now. Use BGSAVE SCHEDULE in order to schedule a BGSAVE whenever possible.");
+    }
     match snapshot::bgsave(&sess.worker).await {
         Ok(()) => sess.out.simple("Background saving started"),
+        Err(e) => sess.out.error(&e),
+    }
+});
+
+async_handler!(bgrewriteaof, |sess, _args| {
+    match crate::persist::aof::rewrite::bgrewriteaof(&sess.worker) {
+        Ok(status) => sess.out.simple(status),
         Err(e) => sess.out.error(&e),
     }
 });

@@ -133,6 +133,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
         read_only,
         global: false,
         remote: target != worker.id,
+        collect_effects: sess.in_exec,
     };
     let outcome = if sess.in_exec {
         // EXEC already holds every shard.
@@ -175,6 +176,9 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             o
         }
     };
+    if let Some(effects) = outcome.effects {
+        sess.aof_pending.push(effects);
+    }
     sess.out.buf.extend_from_slice(&outcome.reply.buf);
     for (db, event, key) in &outcome.events {
         crate::pubsub::publish_event(&worker, *db, event, key);

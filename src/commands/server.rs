@@ -242,10 +242,12 @@ async_handler!(info, |sess, args| {
     if show("persistence") {
         let ps = &shared.persist;
         let loading = ps.loading.load(Ordering::Acquire);
-        let bg = ps.bgsave_in_progress.load(Ordering::Acquire);
+        // The snapshot claim also covers AOF rewrites, which INFO reports apart.
+        let bg = ps.bgsave_in_progress.load(Ordering::Acquire)
+            && !ps.aof.rewrite_in_progress.load(Ordering::Acquire);
         let _ = write!(
             s,
-            "# Persistence\r\nloading:{loading}\r\nasync_loading:0\r\ncurrent_cow_peak:0\r\ncurrent_cow_size:0\r\ncurrent_cow_size_age:0\r\ncurrent_fork_perc:0.00\r\ncurrent_save_keys_processed:0\r\ncurrent_save_keys_total:0\r\n{loading_fields}rdb_changes_since_last_save:{changes}\r\nrdb_bgsave_in_progress:{bg}\r\nrdb_last_save_time:{lastsave}\r\nrdb_last_bgsave_status:{status}\r\nrdb_last_bgsave_time_sec:{last_secs}\r\nrdb_current_bgsave_time_sec:{cur_secs}\r\nrdb_saves:{saves}\r\nrdb_last_cow_size:0\r\nrdb_last_load_keys_expired:{expired}\r\nrdb_last_load_keys_loaded:{loaded}\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\naof_last_rewrite_time_sec:-1\r\naof_current_rewrite_time_sec:-1\r\naof_last_bgrewrite_status:ok\r\naof_rewrites:0\r\naof_rewrites_consecutive_failures:0\r\naof_last_write_status:ok\r\naof_last_cow_size:0\r\nmodule_fork_in_progress:0\r\nmodule_fork_last_cow_size:0\r\n\r\n",
+            "# Persistence\r\nloading:{loading}\r\nasync_loading:0\r\ncurrent_cow_peak:0\r\ncurrent_cow_size:0\r\ncurrent_cow_size_age:0\r\ncurrent_fork_perc:0.00\r\ncurrent_save_keys_processed:0\r\ncurrent_save_keys_total:0\r\n{loading_fields}rdb_changes_since_last_save:{changes}\r\nrdb_bgsave_in_progress:{bg}\r\nrdb_last_save_time:{lastsave}\r\nrdb_last_bgsave_status:{status}\r\nrdb_last_bgsave_time_sec:{last_secs}\r\nrdb_current_bgsave_time_sec:{cur_secs}\r\nrdb_saves:{saves}\r\nrdb_last_cow_size:0\r\nrdb_last_load_keys_expired:{expired}\r\nrdb_last_load_keys_loaded:{loaded}\r\n{aof}module_fork_in_progress:0\r\nmodule_fork_last_cow_size:0\r\n\r\n",
             loading = loading as u8,
             loading_fields = if loading {
                 format!(
@@ -268,6 +270,7 @@ async_handler!(info, |sess, args| {
             saves = ps.saves.load(Ordering::Relaxed),
             expired = ps.loaded_expired.load(Ordering::Relaxed),
             loaded = ps.loaded_keys.load(Ordering::Relaxed),
+            aof = aof_info(&shared),
         );
     }
     if show("stats") {
@@ -450,12 +453,16 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                     )
                 })
                 .collect();
-            let local = sess.stream.peer_addr().is_ok_and(|a| a.ip().is_loopback());
+            let local = sess
+                .stream
+                .as_ref()
+                .is_none_or(|s| s.peer_addr().is_ok_and(|a| a.ip().is_loopback()));
             let mut config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
             match config.set_many(&pairs, local) {
                 Ok(()) => {
                     shared.tunables.refresh(&config);
                     drop(config);
+                    crate::persist::aof::rewrite::on_config_change(&sess.worker);
                     shared.persist.refresh_gate(&shared);
                     sess.out.ok();
                 }
@@ -759,6 +766,42 @@ pub fn lastsave(sess: &mut Session, _args: &[Bytes]) {
         .int(sess.worker.shared.lastsave_unix.load(Ordering::Relaxed) as i64);
 }
 
+/// INFO persistence's AOF fields, as Redis 7 names them.
+fn aof_info(shared: &crate::shard::Shared) -> String {
+    let a = &shared.persist.aof;
+    let on = a.is_on();
+    let rewriting = a.rewrite_in_progress.load(Ordering::Acquire);
+    let cur_secs = if rewriting {
+        (unix_ms() / 1000).saturating_sub(a.rewrite_started_unix.load(Ordering::Relaxed)) as i64
+    } else {
+        -1
+    };
+    let ok = |b: bool| if b { "ok" } else { "err" };
+    let mut s = format!(
+        "aof_enabled:{}\r\naof_rewrite_in_progress:{}\r\naof_rewrite_scheduled:{}\r\naof_last_rewrite_time_sec:{}\r\naof_current_rewrite_time_sec:{cur_secs}\r\naof_last_bgrewrite_status:{}\r\naof_rewrites:{}\r\naof_rewrites_consecutive_failures:0\r\naof_last_write_status:{}\r\naof_last_cow_size:0\r\n",
+        on as u8,
+        rewriting as u8,
+        a.rewrite_scheduled.load(Ordering::Acquire) as u8,
+        a.last_rewrite_secs.load(Ordering::Relaxed),
+        ok(a.last_rewrite_ok.load(Ordering::Relaxed)),
+        a.rewrites.load(Ordering::Relaxed),
+        ok(a.write_ok.load(Ordering::Relaxed)),
+    );
+    if on {
+        let started = a.started.load(Ordering::Relaxed);
+        let durable = a.durable.load(Ordering::Relaxed);
+        s.push_str(&format!(
+            "aof_current_size:{}\r\naof_base_size:{}\r\naof_pending_rewrite:{}\r\naof_buffer_length:0\r\naof_pending_bio_fsync:{}\r\naof_delayed_fsync:{}\r\n",
+            a.current_size.load(Ordering::Relaxed),
+            a.base_size.load(Ordering::Relaxed),
+            a.rewrite_scheduled.load(Ordering::Acquire) as u8,
+            started.saturating_sub(durable),
+            a.delayed_fsync.load(Ordering::Relaxed),
+        ));
+    }
+    s
+}
+
 const DEBUG_HELP: &[&str] = &[
     "DEBUG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
     "OBJECT <key>",
@@ -767,6 +810,8 @@ const DEBUG_HELP: &[&str] = &[
     "    Save the RDB on disk and reload it back to memory.",
     "SET-ACTIVE-EXPIRE <0|1>",
     "    Turns active expiry off or on.",
+    "AOF-FSYNC-FAULT <PAUSE|FAIL|OFF>",
+    "    Makes the AOF's fsyncs wait, fail with EIO, or run normally (Kite's test hook).",
     "SLEEP <seconds>",
     "    Stops this thread for <seconds> (decimals allowed).",
     "HELP",
@@ -804,7 +849,7 @@ async_handler!(wait, |sess, args| {
             tokio::select! {
                 _ = &mut sleep => break,
                 _ = handle.wake.notified() => if handle.killed.get() { return },
-                r = crate::server::io::read_some(&stream, &mut sess.stash) => {
+                r = crate::server::io::read_some(stream.as_deref(), &mut sess.stash) => {
                     if matches!(r, Ok(0) | Err(_)) {
                         return;
                     }
@@ -824,6 +869,28 @@ async_handler!(debug, |sess, args| {
             let secs = parse_f64(&args[2]).unwrap_or(0.0).max(0.0);
             // Like Redis, this blocks the server thread (here: this connection's thread).
             std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+            sess.out.ok();
+        }
+        ("aof-fsync-fault", 3) => {
+            // Kite's fault hook for tests of the write barrier: the AOF's fsyncs wait
+            // (PAUSE), fail with EIO (FAIL), or run normally (OFF).
+            let mode = String::from_utf8_lossy(&args[2]).to_ascii_lowercase();
+            let code = match mode.as_str() {
+                "pause" => crate::persist::aof::FAULT_PAUSE,
+                "fail" => crate::persist::aof::FAULT_FAIL,
+                "off" => crate::persist::aof::FAULT_OFF,
+                _ => {
+                    return sess
+                        .out
+                        .error("ERR AOF-FSYNC-FAULT takes PAUSE, FAIL or OFF")
+                }
+            };
+            sess.worker
+                .shared
+                .persist
+                .aof
+                .fault
+                .store(code, Ordering::Relaxed);
             sess.out.ok();
         }
         ("set-active-expire", 3) => match parse_i64(&args[2]) {

@@ -286,6 +286,12 @@ pub fn spop(ctx: &mut ExecCtx, args: &[Bytes]) {
         }
     };
     ctx.notify(b's', "spop", key);
+    if ctx.logging() {
+        // Chance chose the member: the log names it.
+        ctx.log_as(crate::persist::aof::effects::words(&[
+            b"SREM", key, &member,
+        ]));
+    }
     ctx.out.bulk(&member);
     if emptied {
         ctx.delete(key);
@@ -321,12 +327,23 @@ fn spop_count(ctx: &mut ExecCtx, args: &[Bytes]) {
                 for m in &popped {
                     out.bulk(m);
                 }
+                if ctx.shard.aof_on() {
+                    // The members chance chose, in SREMs of at most 1024, as Redis logs them.
+                    for chunk in popped.chunks(1024) {
+                        let mut argv = vec![Bytes::from_static(b"SREM"), key.clone()];
+                        argv.extend(chunk.iter().map(|m| Bytes::copy_from_slice(m)));
+                        ctx.log_as(argv);
+                    }
+                }
                 false
             }
         }
     };
     ctx.notify(b's', "spop", key);
     if emptied {
+        if ctx.logging() {
+            ctx.log_as(crate::persist::aof::effects::words(&[b"DEL", key]));
+        }
         ctx.delete(key);
         ctx.notify(b'g', "del", key);
     } else {

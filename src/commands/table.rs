@@ -120,6 +120,7 @@ pub fn all() -> Vec<Command> {
         c("debug", -2, "admin noscript loading stale", NONE, "server", "1.0.0", "Debugging helpers.", Async(server::debug)),
         c("shutdown", -1, "admin noscript loading stale no_multi allow_busy", NONE, "server", "1.0.0", "Stops the server.", Async(persistence::shutdown)),
         c("save", 1, "admin noscript no_async_loading no_multi", NONE, "server", "1.0.0", "Synchronously saves the database(s) to disk.", Async(persistence::save)),
+        c("bgrewriteaof", 1, "admin noscript no_async_loading", NONE, "server", "1.0.0", "Asynchronously rewrites the append-only file to disk.", Async(persistence::bgrewriteaof)),
         c("bgsave", -1, "admin noscript no_async_loading", NONE, "server", "1.0.0", "Asynchronously saves the database(s) to disk.", Async(persistence::bgsave)),
         with_subcommands(
             c("memory", -2, "", NONE, "server", "4.0.0", "Reports memory use.", Async(server::memory)),

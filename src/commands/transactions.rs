@@ -294,7 +294,8 @@ async fn run_in_tx(sess: &mut Session, tx: &Tx, cmd: &'static Command, args: Vec
                         unreachable!("single-shard command with keys on several shards")
                     };
                     let kept = args.clone();
-                    cross(sess, args, tx).await;
+                    let db = sess.db;
+                    tx.logged(db, &kept, cross(sess, args, tx)).await;
                     sess.record_here(cmd, &kept, start, mark);
                     return;
                 }
@@ -316,6 +317,10 @@ async fn run_in_tx(sess: &mut Session, tx: &Tx, cmd: &'static Command, args: Vec
         Handler::Async(f) => {
             let kept = args.clone();
             f(sess, args).await;
+            // FLUSHALL, SWAPDB, scripts...: their effects join the transaction's block.
+            for piece in std::mem::take(&mut sess.aof_pending) {
+                tx.push_piece(piece);
+            }
             sess.record_here(cmd, &kept, start, mark);
         }
     }

@@ -1327,7 +1327,18 @@ pub fn zmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
         match pop_min_max(ctx, key, a.max, a.count) {
             Err(WrongType) => return ctx.out.error(WRONGTYPE),
             Ok(None) => continue,
-            Ok(Some(items)) => return reply_mpop(ctx.out, key, &items),
+            Ok(Some(items)) => {
+                if ctx.logging() {
+                    let name: &'static [u8] = if a.max { b"ZPOPMAX" } else { b"ZPOPMIN" };
+                    let n = items.len().to_string();
+                    ctx.log_as(crate::persist::aof::effects::words(&[
+                        name,
+                        key,
+                        n.as_bytes(),
+                    ]));
+                }
+                return reply_mpop(ctx.out, key, &items);
+            }
         }
     }
     ctx.out.null_array();
@@ -2240,7 +2251,11 @@ fn bzpop_here(ctx: &mut ExecCtx, args: &[Bytes], max: bool) {
         match pop_min_max(ctx, key, max, 1) {
             Err(WrongType) => return ctx.out.error(WRONGTYPE),
             Ok(Some(items)) if !items.is_empty() => {
-                return reply_bzpop(ctx.out, key, &items[0].0, items[0].1)
+                if ctx.logging() {
+                    let name: &'static [u8] = if max { b"ZPOPMAX" } else { b"ZPOPMIN" };
+                    ctx.log_as(crate::persist::aof::effects::words(&[name, key]));
+                }
+                return reply_bzpop(ctx.out, key, &items[0].0, items[0].1);
             }
             _ => continue,
         }
@@ -2308,7 +2323,18 @@ pub fn bzmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
         match pop_min_max(ctx, key, a.max, a.count) {
             Err(WrongType) => return ctx.out.error(WRONGTYPE),
             Ok(None) => continue,
-            Ok(Some(items)) => return reply_mpop(ctx.out, key, &items),
+            Ok(Some(items)) => {
+                if ctx.logging() {
+                    let name: &'static [u8] = if a.max { b"ZPOPMAX" } else { b"ZPOPMIN" };
+                    let n = items.len().to_string();
+                    ctx.log_as(crate::persist::aof::effects::words(&[
+                        name,
+                        key,
+                        n.as_bytes(),
+                    ]));
+                }
+                return reply_mpop(ctx.out, key, &items);
+            }
         }
     }
     ctx.out.null_array();
@@ -2406,5 +2432,6 @@ pub fn push_back_for_waiter(sh: &mut Shard, db: usize, key: &[u8], items: Popped
         args.push(Bytes::from(crate::protocol::reply::format_double(s)));
         args.push(Bytes::from(m.into_vec()));
     }
+    sh.log_effect(db, &args);
     sh.with_ctx(db, |ctx| zadd(ctx, &args));
 }

@@ -23,6 +23,8 @@ type Item = (usize, Vec<u8>, Value, u64, Option<u64>);
 pub struct Loaded {
     pub keys: u64,
     pub expired_skipped: u64,
+    /// Where the RDB ended in the file (an AOF base may go on with commands after it).
+    pub end: u64,
 }
 
 fn send_batch(shared: &Shared, shard: usize, batch: Vec<Item>) {
@@ -85,6 +87,7 @@ pub fn load_file(shared: &Arc<Shared>, path: &Path) -> Result<Option<Loaded>, St
     let mut loaded = Loaded {
         keys: 0,
         expired_skipped: 0,
+        end: 0,
     };
     let now = unix_ms();
     let mut libraries = Vec::new();
@@ -95,7 +98,10 @@ pub fn load_file(shared: &Arc<Shared>, path: &Path) -> Result<Option<Loaded>, St
             None => break,
         };
         match record {
-            Record::Eof => break,
+            Record::Eof => {
+                loaded.end = reader.r.offset();
+                break;
+            }
             Record::SelectDb(n) => {
                 if n as usize >= databases {
                     return Err(format!(
@@ -154,6 +160,15 @@ pub fn load_file(shared: &Arc<Shared>, path: &Path) -> Result<Option<Loaded>, St
 
 /// The start-up load: clients get -LOADING until it is done; a bad file stops the server.
 pub fn load_at_startup(shared: Arc<Shared>) {
+    if shared
+        .config
+        .lock()
+        .expect("config lock")
+        .get_bool("appendonly")
+    {
+        // With the AOF on, it alone holds the dataset, as in Redis.
+        return super::aof::replay::load_at_startup(shared);
+    }
     let path = {
         let c = shared.config.lock().expect("config lock");
         Path::new(c.get("dir")).join(c.get("dbfilename"))

@@ -1,9 +1,10 @@
-//! Persistence: the RDB codec, snapshots and (later) the append-only file.
+//! Persistence: the RDB codec, snapshots and the append-only file.
 //!
-//! Owns every data file Kite reads or writes (`dump.rdb`, DUMP payloads). It reads the
+//! Owns every data file Kite reads or writes (`dump.rdb`, DUMP payloads, the AOF). It reads the
 //! keyspace only through a shard's own thread (a snapshot serializes each shard on that
 //! shard's thread); it never touches sockets, the protocol, or another thread's shard.
 
+pub mod aof;
 pub mod load;
 pub mod rdb;
 pub mod rdbfile;
@@ -18,7 +19,10 @@ use crate::shard::Shared;
 /// it; the command path reads `gate` alone, one relaxed load.
 #[derive(Default)]
 pub struct State {
+    /// A snapshot (BGSAVE, SAVE or an AOF rewrite) is running: one at a time.
     pub bgsave_in_progress: AtomicBool,
+    /// BGSAVE SCHEDULE arrived during an AOF rewrite.
+    pub bgsave_scheduled: AtomicBool,
     pub bgsave_started_unix: AtomicU64,
     pub last_bgsave_secs: AtomicI64,
     /// False after a failed snapshot, until one succeeds.
@@ -33,10 +37,13 @@ pub struct State {
     /// Non-zero when commands must be checked against `loading` or MISCONF before running
     /// (`GATE_*`), so the fast paths need one load to know they need not.
     pub gate: AtomicU8,
+    pub aof: aof::AofState,
 }
 
 pub const GATE_LOADING: u8 = 1;
 pub const GATE_MISCONF: u8 = 2;
+/// The AOF could not write or fsync: writes are refused until it can.
+pub const GATE_AOF: u8 = 4;
 
 impl State {
     pub fn new() -> State {
@@ -57,6 +64,9 @@ impl State {
             if c.get_bool("stop-writes-on-bgsave-error") && !c.get("save").trim().is_empty() {
                 gate |= GATE_MISCONF;
             }
+        }
+        if self.aof.is_on() && !self.aof.write_ok.load(Ordering::Acquire) {
+            gate |= GATE_AOF;
         }
         self.gate.store(gate, Ordering::Release);
     }

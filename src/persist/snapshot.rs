@@ -42,7 +42,7 @@ pub fn write_options(worker: &Worker) -> (Options, bool) {
 }
 
 /// Claims the right to take a snapshot: only one runs at a time.
-fn claim(worker: &Worker) -> Result<(), String> {
+pub(super) fn claim(worker: &Worker) -> Result<(), String> {
     worker
         .shared
         .persist
@@ -61,7 +61,8 @@ pub async fn save(worker: &Rc<Worker>) -> Result<(), String> {
     // The snapshot runs as a task of its own: should the caller's future be dropped (its
     // client gone), the snapshot still ends and releases its claim.
     tokio::task::spawn_local(async move {
-        let r = match cut(&w).await {
+        let path = rdb_path(&w);
+        let r = match cut(&w, path, None).await {
             Ok(c) => finish(&w, c).await,
             Err(e) => Err(e),
         };
@@ -80,7 +81,8 @@ pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
     let (made, result) = oneshot::channel();
     let w = worker.clone();
     tokio::task::spawn_local(async move {
-        match cut(&w).await {
+        let path = rdb_path(&w);
+        match cut(&w, path, None).await {
             Ok(c) => {
                 let _ = made.send(Ok(()));
                 let _ = finish(&w, c).await;
@@ -96,22 +98,30 @@ pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
 }
 
 /// A snapshot whose cut is made and whose file is being written.
-struct Cut {
-    started: Instant,
-    path: PathBuf,
+pub(super) struct Cut {
+    pub started: Instant,
+    pub path: PathBuf,
     /// Each shard's write counter at the cut.
-    dirty: Vec<u64>,
-    written: oneshot::Receiver<std::io::Result<u64>>,
+    pub dirty: Vec<u64>,
+    pub written: oneshot::Receiver<std::io::Result<u64>>,
 }
 
-/// Starts the writer thread and makes the cut (see the module comment).
-async fn cut(worker: &Rc<Worker>) -> Result<Cut, String> {
+/// What runs at the cut, while every shard is still locked (an AOF rewrite switches to a
+/// new incremental file there).
+pub(super) type AtCut = Box<dyn FnOnce(&Rc<Worker>)>;
+
+/// Starts the writer thread and makes the cut (see the module comment). The caller holds
+/// the claim.
+pub(super) async fn cut(
+    worker: &Rc<Worker>,
+    path: PathBuf,
+    at_cut: Option<AtCut>,
+) -> Result<Cut, String> {
     let state = &worker.shared.persist;
     let started = Instant::now();
     state
         .bgsave_started_unix
         .store(unix_ms() / 1000, Ordering::Relaxed);
-    let path = rdb_path(worker);
     let (opts, checksum) = write_options(worker);
     let (to_writer, chunks) = mpsc::sync_channel::<Msg>(WRITER_QUEUE);
     let (done_tx, done_rx) = oneshot::channel();
@@ -139,6 +149,9 @@ async fn cut(worker: &Rc<Worker>) -> Result<Cut, String> {
     let tx = Tx::lock_keys(worker, &[], true).await;
     let dirty = broadcast(worker, move |w| begin_on_shard(w, &to_writer, opts)).await;
     let _ = head_tx.send(header(&opts));
+    if let Some(f) = at_cut {
+        f(worker);
+    }
     drop(tx);
     Ok(Cut {
         started,
@@ -229,7 +242,12 @@ pub async fn changes_since_save(worker: &Rc<Worker>) -> u64 {
 /// Redis's serverCron does. After a failure it waits 5 s to retry.
 pub async fn cron(worker: &Rc<Worker>) {
     let state = &worker.shared.persist;
+    super::aof::rewrite::cron(worker);
     if state.bgsave_in_progress.load(Ordering::Acquire) {
+        return;
+    }
+    if state.bgsave_scheduled.swap(false, Ordering::AcqRel) {
+        let _ = bgsave(worker).await;
         return;
     }
     let points = save_points(worker);
@@ -275,6 +293,18 @@ pub async fn shutdown(worker: &Rc<Worker>, save: Option<bool>, force: bool) -> R
                 worker.shared.shutting_down.store(false, Ordering::SeqCst);
                 return Err("ERR Errors trying to SHUTDOWN. Check logs.".into());
             }
+        }
+    }
+    if worker.shared.persist.aof.is_on() {
+        // Everything logged reaches the disk before the process goes.
+        let (done, wait) = oneshot::channel();
+        worker
+            .shared
+            .persist
+            .aof
+            .send(super::aof::writer::ToWriter::Sync { done });
+        if let Ok(Err(e)) = wait.await {
+            tracing::warn!("Error trying to flush the AOF before exiting: {e}");
         }
     }
     tracing::warn!("Kite is now ready to exit, bye bye...");

@@ -64,6 +64,8 @@ pub struct Outcome {
     pub restart: bool,
     /// A declared key is locked by a transaction: run on the global path instead.
     pub locked: bool,
+    /// The script's effects, when the job collects them (inside EXEC).
+    pub effects: Option<crate::persist::aof::Piece>,
 }
 
 /// What to run: an EVAL script or an FCALL function.
@@ -86,6 +88,9 @@ pub struct Job {
     pub global: bool,
     /// Sent by a connection of another thread: events go back with the reply.
     pub remote: bool,
+    /// Run inside EXEC: its effects go back for the transaction's block instead of to
+    /// the AOF.
+    pub collect_effects: bool,
 }
 
 /// Runs a job on this thread. On the fast path (`job.global` false) the caller made sure
@@ -100,6 +105,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
                 events: Vec::new(),
                 restart: false,
                 locked: true,
+                effects: None,
             };
         }
     }
@@ -122,6 +128,12 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         })
     });
     debug_assert!(prev.is_none(), "scripts do not nest");
+    // The script's effects are one block in the AOF (Redis's effects replication).
+    let aof_mark = {
+        let mut shard = worker.shard.borrow_mut();
+        shard.aof_hold();
+        shard.aof.mark()
+    };
     mark_busy(worker, true);
     // A panic inside the interpreter (mlua runs out of reference slots on absurd
     // inputs) must not take the thread down: the script fails, the interpreter is
@@ -154,12 +166,27 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         Body::Script(s) => s.sha.clone(),
         Body::Function(name) => name.clone(),
     };
+    // A restarted script wrote nothing; what it logged (lazy expiry) stays as it is.
+    let effects = {
+        let mut shard = worker.shard.borrow_mut();
+        let effects = if run.restart {
+            None
+        } else if job.collect_effects {
+            Some(shard.aof.take_since(aof_mark))
+        } else {
+            shard.aof.wrap_since(aof_mark);
+            None
+        };
+        shard.aof_release();
+        effects
+    };
     if run.restart {
         return Outcome {
             reply: out,
             events: Vec::new(),
             restart: true,
             locked: false,
+            effects: None,
         };
     }
     match result {
@@ -206,6 +233,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         events,
         restart: false,
         locked: false,
+        effects,
     }
 }
 
@@ -385,13 +413,19 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
     let local = std::mem::take(&mut worker.shard.borrow_mut().events);
     run.remote_events.extend(local);
     let args = argv.to_vec();
-    let (reply, events) = sync_call(&worker, target, move |w| {
+    let (reply, events, effects) = sync_call(&worker, target, move |w| {
         let mut reply = Reply::new(resp3);
         let mut shard = w.shard.borrow_mut();
+        shard.aof_hold();
+        let mark = shard.aof.mark();
         exec_here(&mut shard, cmd, f, &args, db, &mut reply, no_touch);
+        let effects = shard.aof.take_since(mark);
+        shard.aof_release();
         let events = std::mem::take(&mut shard.events);
-        (reply, events)
+        (reply, events, effects)
     });
+    // Effects elsewhere join the script's block, in call order.
+    worker.shard.borrow_mut().aof.push_piece(effects);
     run.remote_events.extend(events);
     if !run.touched_remote.contains(&target) {
         run.touched_remote.push(target);

@@ -128,9 +128,13 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         monitoring: false,
         channels: Default::default(),
         patterns: Default::default(),
-        stream: Rc::new(stream),
+        stream: Some(Rc::new(stream)),
         stash: BytesMut::new(),
         flushed_mid_command: 0,
+        aof_pending: Vec::new(),
+        unflushed_replies: 0,
+        unflushed_write: false,
+        replaying: false,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -144,9 +148,11 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                 sess.no_touch,
                 sess.reply_mode,
             );
-            let stream = sess.stream.clone();
+            let stream = sess.stream.take();
             drop(sess);
-            let std_stream = Rc::try_unwrap(stream).ok().and_then(|s| s.into_std().ok());
+            let std_stream = stream
+                .and_then(|s| Rc::try_unwrap(s).ok())
+                .and_then(|s| s.into_std().ok());
             match std_stream {
                 Some(std_stream) => {
                     let moving = Moving {
@@ -196,13 +202,44 @@ fn close(sess: &mut Session) {
 
 async fn flush(sess: &mut Session) -> bool {
     if sess.out.buf.is_empty() {
+        sess.unflushed_replies = 0;
+        sess.unflushed_write = false;
         return true;
     }
+    await_durable(sess).await;
     let n = sess.out.buf.len() as u64;
-    let ok = io::write_all(&sess.stream, &sess.out.buf).await.is_ok();
+    let ok = io::write_all(sess.stream.as_deref(), &sess.out.buf)
+        .await
+        .is_ok();
     sess.out.buf.clear();
     sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
     ok
+}
+
+/// The write barrier of `appendfsync always`: the replies in `sess.out` wait until the
+/// AOF's fsync covers every effect logged before this call, theirs among them (Redis
+/// answers only after the fsync of the loop pass that ran the commands). If the AOF cannot
+/// make them durable, the replies of a group that may have written become errors: nothing
+/// is acknowledged that was not stored.
+pub async fn await_durable(sess: &mut Session) {
+    let replies = std::mem::take(&mut sess.unflushed_replies);
+    let wrote = std::mem::take(&mut sess.unflushed_write);
+    let aof = &sess.worker.shared.persist.aof;
+    if !aof.is_on() || !aof.always() {
+        return;
+    }
+    // While the AOF is failing, reads still answer (writes are refused at the door).
+    if !wrote && !aof.write_ok.load(Ordering::Relaxed) {
+        return;
+    }
+    if crate::persist::aof::barrier(aof).await || !wrote {
+        return;
+    }
+    let msg = aof.error_reply();
+    sess.out.buf.clear();
+    for _ in 0..replies.max(1) {
+        sess.out.error(&msg);
+    }
 }
 
 async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut RequestParser) -> Exit {
@@ -280,12 +317,12 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             }
             line = next_push(&mut sess.push_rx) => {
                 if let Some(line) = line {
-                    if io::write_all(&sess.stream, &line).await.is_err() {
+                    if io::write_all(sess.stream.as_deref(), &line).await.is_err() {
                         return Exit::Closed;
                     }
                 }
             }
-            r = io::read_some(&sess.stream, rbuf) => match r {
+            r = io::read_some(sess.stream.as_deref(), rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64,
             }
@@ -357,6 +394,13 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         if sess.handle.killed.get() {
             return;
         }
+        sess.unflushed_replies += 1;
+        if !table()
+            .lookup(&args[0])
+            .is_some_and(|c| c.has(flags::READONLY))
+        {
+            sess.unflushed_write = true;
+        }
         crate::commands::connection::wait_if_paused(sess, &args).await;
         let cmd = table().lookup(&args[0]);
         if let Some(target) = squash_target(sess, cmd, &args) {
@@ -371,6 +415,10 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                 }
                 let args = iter.next().expect("peeked");
                 let c = next_cmd.expect("squashable commands are known");
+                sess.unflushed_replies += 1;
+                if !c.has(flags::READONLY) {
+                    sess.unflushed_write = true;
+                }
                 sess.note_command(c, &args);
                 batch.push_back((c, args));
             }

@@ -12,9 +12,13 @@ use tokio::net::TcpStream;
 /// socket is marked not ready at once: without that, the next wait would return
 /// immediately and cost one more `recv` that finds nothing, one extra system call per
 /// request on an unpipelined connection.
-pub async fn read_some(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+/// A session without a socket (the AOF replay) never has anything to read.
+pub async fn read_some(stream: Option<&TcpStream>, buf: &mut BytesMut) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
     use tokio::io::Interest;
+    let Some(stream) = stream else {
+        return std::future::pending().await;
+    };
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(16 * 1024);
     }
@@ -55,7 +59,11 @@ pub async fn read_some(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usi
 }
 
 /// Writes all of `data`, trying first without waiting: the socket is usually writable.
-pub async fn write_all(stream: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+/// Without a socket (the AOF replay) the bytes are dropped.
+pub async fn write_all(stream: Option<&TcpStream>, mut data: &[u8]) -> io::Result<()> {
+    let Some(stream) = stream else {
+        return Ok(());
+    };
     while !data.is_empty() {
         match stream.try_write(data) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

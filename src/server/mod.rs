@@ -30,6 +30,7 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
     if shared.mailboxes.set(senders).is_err() {
         unreachable!("mailboxes are set once");
     }
+    crate::persist::aof::writer::start(shared.clone())?;
     // The dataset on disk is read while clients already connect (they get -LOADING).
     crate::persist::load::load_at_startup(shared.clone());
     let mut listeners = Some(listeners);
@@ -174,12 +175,15 @@ async fn on_signals(worker: Rc<Worker>) {
 fn active_expire(worker: &Rc<Worker>, now: u64) {
     let started = std::time::Instant::now();
     let budget = Duration::from_millis(2);
+    // The cycle's DELs reach the AOF together.
+    worker.shard.borrow_mut().aof_defer();
     loop {
         let more = worker.shard.borrow_mut().active_expire(now, 16);
         if !more || started.elapsed() > budget {
             break;
         }
     }
+    worker.shard.borrow_mut().aof_undefer();
 }
 
 fn close_idle_clients(worker: &Rc<Worker>) {

@@ -47,15 +47,57 @@ pub struct Session {
     pub channels: Vec<Bytes>,
     pub patterns: Vec<Bytes>,
     /// The socket, shared so a blocked command can notice the client leaving.
-    pub stream: Rc<tokio::net::TcpStream>,
+    /// None for the AOF replay at start-up, which has no client.
+    pub stream: Option<Rc<tokio::net::TcpStream>>,
     /// Input read while a command was blocked, parsed once it returns.
     pub stash: bytes::BytesMut,
     /// Output bytes written to the socket while a command ran (a blocking command sends
     /// the replies before it before it parks).
     pub flushed_mid_command: usize,
+    /// Effects of a global command run inside EXEC (FLUSHALL, a script...), for the
+    /// transaction's AOF block.
+    pub aof_pending: Vec<crate::persist::aof::Piece>,
+    /// Commands run since the replies were last written, and whether one of them may
+    /// have written (the write barrier of `appendfsync always`).
+    pub unflushed_replies: usize,
+    pub unflushed_write: bool,
+    /// The AOF replay at start-up: runs while clients get -LOADING.
+    pub replaying: bool,
 }
 
 impl Session {
+    /// A session with no client behind it (the AOF replay).
+    pub fn detached(worker: &Rc<Worker>, id: u64) -> Session {
+        use crate::server::clients::{ClientHandle, ClientInfo};
+        Session {
+            worker: worker.clone(),
+            id,
+            db: 0,
+            out: Reply::new(false),
+            authenticated: true,
+            no_touch: false,
+            multi: None,
+            watching: None,
+            in_exec: false,
+            reply_mode: ReplyMode::On,
+            close_after_reply: false,
+            handle: ClientHandle::new(ClientInfo::new(id, "aof".into(), String::new(), -1)),
+            affinity: (worker.id, 0),
+            push_rx: None,
+            push_tx: None,
+            monitoring: false,
+            channels: Vec::new(),
+            patterns: Vec::new(),
+            stream: None,
+            stash: bytes::BytesMut::new(),
+            flushed_mid_command: 0,
+            aof_pending: Vec::new(),
+            unflushed_replies: 0,
+            unflushed_write: false,
+            replaying: false,
+        }
+    }
+
     /// Replies an error for a command refused before it ran; inside MULTI it also makes
     /// EXEC fail, as Redis does for errors found while queueing.
     pub fn reject(&mut self, msg: &str) {

@@ -276,6 +276,9 @@ pub struct Shard {
     pub shared: Arc<Shared>,
     /// Slow commands and latency events of this thread.
     pub logs: Logs,
+    /// Effects of the writes run here, on their way to the AOF writer.
+    pub aof: crate::persist::aof::Effects,
+    aof_defers: u32,
     /// (unix ms, total commands) sampled every tick, for instantaneous_ops_per_sec.
     ops_samples: VecDeque<(u64, u64)>,
 }
@@ -301,6 +304,8 @@ impl Shard {
             },
             dirty: 0,
             dirty_saved: 0,
+            aof: Default::default(),
+            aof_defers: 0,
             ops_samples: VecDeque::new(),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
@@ -412,9 +417,64 @@ impl Shard {
         self.dbs[db].table.get_mut(key)
     }
 
+    /// Whether writes here must log their effects (the AOF is on).
+    #[inline]
+    pub fn aof_on(&self) -> bool {
+        self.shared.persist.aof.is_on()
+    }
+
+    /// Logs one effect: handed to the writer at once unless a batch defers it or a group
+    /// (transaction, script) holds it.
+    pub fn log_effect<A: AsRef<[u8]>>(&mut self, db: usize, argv: &[A]) {
+        if !self.aof_on() {
+            return;
+        }
+        self.aof.push(db, argv);
+        if !self.aof.held() && self.aof_defers == 0 {
+            self.aof_flush();
+        }
+    }
+
+    /// Hands what the buffer holds to the writer, unless a group holds it. Called before
+    /// anything that lets a client see the effects' results (a reply, a delivery to a
+    /// blocked client, a lock grant).
+    pub fn aof_flush(&mut self) {
+        if self.aof.is_empty() || self.aof.held() {
+            return;
+        }
+        let piece = self.aof.take_all();
+        self.shared.persist.aof.send_piece(piece);
+    }
+
+    /// Keeps effects together (a transaction step, a script): nothing is handed over
+    /// until the matching `aof_release`.
+    pub fn aof_hold(&mut self) {
+        self.aof.hold();
+    }
+
+    pub fn aof_release(&mut self) {
+        if self.aof.release() && self.aof_defers == 0 {
+            self.aof_flush();
+        }
+    }
+
+    /// Batches effects (a pipelined batch, an expiry cycle) into one hand-over; flushes
+    /// in between stay allowed.
+    pub fn aof_defer(&mut self) {
+        self.aof_defers += 1;
+    }
+
+    pub fn aof_undefer(&mut self) {
+        self.aof_defers -= 1;
+        if self.aof_defers == 0 {
+            self.aof_flush();
+        }
+    }
+
     /// Removes a key whose time has come, as Redis does when it finds one.
     pub fn expire_key(&mut self, db: usize, key: &[u8]) {
         if self.dbs[db].table.remove(key).is_some() {
+            self.log_effect(db, &[b"DEL".as_slice(), key]);
             self.stats.expired_keys += 1;
             self.watches.touch_expired(db, key);
             self.blocking.mark_ready(db, key);
@@ -446,6 +506,11 @@ impl Shard {
     /// TTL, a bounded amount per call, so expired keys never pile up unseen. Returns
     /// whether it stopped on its budget with more to do.
     pub fn active_expire(&mut self, now_ms: u64, budget_segments: usize) -> bool {
+        // A transaction holding keys here may have read one that would expire now; its
+        // block in the AOF must not follow a DEL of it. Expiry waits for the locks to go.
+        if !self.locks.is_idle() {
+            return false;
+        }
         let mut more = false;
         for db in 0..self.dbs.len() {
             if self.dbs[db].table.volatile_len() == 0 {
@@ -464,6 +529,7 @@ impl Shard {
                 more = true;
             }
             for key in expired {
+                self.log_effect(db, &[b"DEL".as_slice(), &key]);
                 self.stats.expired_keys += 1;
                 self.watches.touch_expired(db, &key);
                 self.event(db, b'x', "expired", &key);
@@ -526,6 +592,7 @@ impl Shard {
             no_touch: false,
             hits: 0,
             misses: 0,
+            effect: None,
         }
     }
 }
@@ -541,9 +608,23 @@ pub struct ExecCtx<'a> {
     pub no_touch: bool,
     pub hits: u64,
     pub misses: u64,
+    /// What the AOF logs for this command instead of its own words (Redis's rewritten
+    /// argv): set by handlers whose effect depends on the moment or on chance.
+    pub effect: Option<Vec<Vec<Bytes>>>,
 }
 
 impl ExecCtx<'_> {
+    /// Whether the AOF wants this command's effect: handlers check before building one.
+    #[inline]
+    pub fn logging(&self) -> bool {
+        self.shard.aof_on()
+    }
+
+    /// Logs `argv` in place of the command (several calls log several commands).
+    pub fn log_as(&mut self, argv: Vec<Bytes>) {
+        self.effect.get_or_insert_with(Vec::new).push(argv);
+    }
+
     /// The live entry for `key`, or None; updates the access time.
     pub fn get(&mut self, key: &[u8]) -> Option<&mut Entry> {
         let lru = if self.no_touch {
@@ -580,6 +661,7 @@ impl ExecCtx<'_> {
             no_touch,
             hits,
             misses,
+            ..
         } = self;
         match shard.lookup(*db, key, *now_ms) {
             Some(e) => {
@@ -714,13 +796,19 @@ pub fn exec_here(
 ) {
     let start_len = out.buf.len();
     let started = crate::clock::Stopwatch::start();
-    {
+    let dirty_before = shard.dirty;
+    let (effect, now_ms) = {
         let mut ctx = shard.ctx(db, out);
         ctx.no_touch = no_touch;
         f(&mut ctx, args);
         let (hits, misses) = (ctx.hits, ctx.misses);
+        let taken = (ctx.effect.take(), ctx.now_ms);
         shard.stats.keyspace_hits += hits;
         shard.stats.keyspace_misses += misses;
+        taken
+    };
+    if shard.dirty != dirty_before && shard.aof_on() {
+        log_command_effect(shard, cmd, args, db, effect, now_ms, &out.buf[start_len..]);
     }
     let usec = started.elapsed_us();
     shard.log_if_slow(cmd, args, usec, || (String::new(), Vec::new()));
@@ -733,6 +821,43 @@ pub fn exec_here(
         c.failed += 1;
         st.record_error(&out.buf[start_len..]);
     }
+}
+
+/// Logs what a command that changed something did, as Redis would propagate it.
+fn log_command_effect(
+    shard: &mut Shard,
+    cmd: &'static Command,
+    args: &[Bytes],
+    db: usize,
+    effect: Option<Vec<Vec<Bytes>>>,
+    now_ms: u64,
+    reply: &[u8],
+) {
+    let list = match effect {
+        Some(list) => list,
+        None => match crate::persist::aof::propagate::rewrite(cmd.name, args, now_ms, reply) {
+            Some(list) => list,
+            None => {
+                shard.log_effect(db, args);
+                return;
+            }
+        },
+    };
+    if list.len() == 1 || shard.aof.held() {
+        // Inside a transaction or script, whose own block keeps them whole.
+        for argv in &list {
+            shard.log_effect(db, argv);
+        }
+        return;
+    }
+    // Several effects of one command stay whole, as Redis wraps them in MULTI/EXEC.
+    shard.aof_hold();
+    let mark = shard.aof.mark();
+    for argv in &list {
+        shard.log_effect(db, argv);
+    }
+    shard.aof.wrap_since(mark);
+    shard.aof_release();
 }
 
 fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
@@ -780,6 +905,14 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             return;
         }
     }
+    // A single-shard EXEC is one block in the AOF; a pipelined batch is handed over once.
+    let mark = if atomic {
+        shard.aof_hold();
+        Some(shard.aof.mark())
+    } else {
+        shard.aof_defer();
+        None
+    };
     while let Some((cmd, args)) = batch.cmds.pop_front() {
         if !atomic && (shard.blocking.has_ready() || !shard.events.is_empty()) {
             // Events go out and blocked clients are served after each command, before
@@ -794,6 +927,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             if !shard.locks.is_free(keys.iter().map(|&i| &args[i][..])) {
                 let lock_keys = LockKeys::Keys(keys.iter().map(|&i| args[i].clone()).collect());
                 batch.cmds.push_front((cmd, args));
+                shard.aof_undefer();
                 let w = worker.clone();
                 shard.locks.enqueue(
                     lock_keys,
@@ -812,6 +946,13 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             &mut batch.out,
             batch.no_touch,
         );
+    }
+    match mark {
+        Some(m) => {
+            shard.aof.wrap_since(m);
+            shard.aof_release();
+        }
+        None => shard.aof_undefer(),
     }
     drop(shard);
     let sink = batch.remote.then_some(&mut batch.events);
@@ -899,7 +1040,12 @@ pub fn after_command_into(worker: &Rc<Worker>, mut sink: Option<&mut Vec<KeyEven
 /// Releases locks held on this thread's shard, starts whatever was waiting for them, and
 /// serves clients blocked on keys the transaction filled.
 pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
-    let runnable = worker.shard.borrow_mut().locks.release(keys);
+    let runnable = {
+        let mut shard = worker.shard.borrow_mut();
+        // Effects logged here so far precede any transaction granted a lock now.
+        shard.aof_flush();
+        shard.locks.release(keys)
+    };
     for f in runnable {
         f();
     }

@@ -5,7 +5,7 @@
 //! those shards, and releases everything when dropped. Commands on other keys are never
 //! held up by it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
@@ -22,6 +22,13 @@ pub struct Tx {
     /// Keyspace events of the steps, published in step order once the locks go (shards
     /// publishing on their own could reorder them).
     events: RefCell<Vec<(usize, &'static str, Bytes)>>,
+    /// Effects of the steps, in step order, sent to the AOF as one block before the locks
+    /// go (`Drop`).
+    effects: RefCell<Vec<crate::persist::aof::Piece>>,
+    /// Writes the steps made (the sum of the shards' `dirty` moves).
+    dirty: Cell<u64>,
+    /// What the running multi-shard command logs instead of its own words.
+    rewrite: RefCell<Option<Vec<Vec<Bytes>>>>,
 }
 
 /// Groups keys by owning shard, in ascending shard order, keeping repeats (EXISTS a a
@@ -52,17 +59,27 @@ impl Tx {
             id,
             held: Vec::with_capacity(wants.len()),
             events: RefCell::new(Vec::new()),
+            effects: RefCell::new(Vec::new()),
+            dirty: Cell::new(0),
+            rewrite: RefCell::new(None),
         };
         for (shard, keys) in wants {
             let (grant, granted) = oneshot::channel();
             let request = keys.clone();
+            // What the shard logged before the grant precedes this transaction's block.
             if shard == worker.id {
-                worker.shard.borrow_mut().locks.acquire(request, grant);
+                let mut sh = worker.shard.borrow_mut();
+                sh.aof_flush();
+                sh.locks.acquire(request, grant);
             } else {
                 worker.shard.borrow_mut().stats.hops += 1;
                 worker.shared.send(
                     shard,
-                    Box::new(move |w| w.shard.borrow_mut().locks.acquire(request, grant)),
+                    Box::new(move |w| {
+                        let mut sh = w.shard.borrow_mut();
+                        sh.aof_flush();
+                        sh.locks.acquire(request, grant)
+                    }),
                 );
             }
             granted.await.expect("shard thread stopped");
@@ -95,19 +112,86 @@ impl Tx {
         R: Send + 'static,
         F: FnOnce(&mut Shard) -> R + Send + 'static,
     {
-        let (result, events) = hop(&self.worker, shard, move |w| {
+        let (result, events, piece, dirty) = hop(&self.worker, shard, move |w| {
             let mut sh = w.shard.borrow_mut();
+            sh.aof_hold();
+            let mark = sh.aof.mark();
+            let dirty_before = sh.dirty;
             let result = f(&mut sh);
-            (result, std::mem::take(&mut sh.events))
+            let piece = sh.aof.take_since(mark);
+            sh.aof_release();
+            let dirty = sh.dirty - dirty_before;
+            (result, std::mem::take(&mut sh.events), piece, dirty)
         })
         .await;
         self.events.borrow_mut().extend(events);
+        self.push_piece(piece);
+        self.dirty.set(self.dirty.get() + dirty);
         result
+    }
+
+    /// Writes made by the steps so far.
+    pub fn dirty(&self) -> u64 {
+        self.dirty.get()
+    }
+
+    pub fn push_piece(&self, piece: crate::persist::aof::Piece) {
+        if !piece.bytes.is_empty() {
+            self.effects.borrow_mut().push(piece);
+        }
+    }
+
+    /// Logs one command as part of this transaction's block.
+    pub fn log(&self, db: usize, argv: &[Bytes]) {
+        if !self.worker.shared.persist.aof.is_on() {
+            return;
+        }
+        let mut e = crate::persist::aof::Effects::default();
+        e.push(db, argv);
+        self.push_piece(e.take_all());
+    }
+
+    /// Makes the running multi-shard command log `argv` instead of its own words.
+    pub fn log_as(&self, argv: Vec<Bytes>) {
+        self.rewrite
+            .borrow_mut()
+            .get_or_insert_with(Vec::new)
+            .push(argv);
+    }
+
+    /// Runs a multi-shard command's handler and logs its effect: the rewrite it chose,
+    /// else its own words when it changed something.
+    pub async fn logged<'a>(
+        &'a self,
+        db: usize,
+        args: &'a [Bytes],
+        run: impl std::future::Future<Output = ()> + 'a,
+    ) {
+        let before = self.dirty();
+        *self.rewrite.borrow_mut() = None;
+        run.await;
+        let rewrite = self.rewrite.borrow_mut().take();
+        match rewrite {
+            Some(list) => {
+                for argv in &list {
+                    self.log(db, argv);
+                }
+            }
+            None if self.dirty() != before => self.log(db, args),
+            None => {}
+        }
     }
 }
 
 impl Drop for Tx {
     fn drop(&mut self) {
+        // The block goes to the AOF while every lock is still held: it follows what ran
+        // before on these keys and precedes what runs after.
+        let effects = std::mem::take(self.effects.get_mut());
+        if !effects.is_empty() {
+            let block = crate::persist::aof::effects::wrap(effects);
+            self.worker.shared.persist.aof.send_piece(block);
+        }
         tracing::trace!(tx = self.id, "transaction releases its locks");
         for (shard, keys) in self.held.drain(..) {
             if shard == self.worker.id {
