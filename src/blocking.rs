@@ -331,21 +331,20 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
                 .find(|(k, _)| k == key)
                 .map(|r| r.1)
                 .expect("served keys are the call's keys");
-            let reply = sh.with_ctx(db, |ctx| {
-                streams::serve_blocked_read(ctx, key, from, group.as_ref(), *count, *noack, resp3)
+            let (reply, effects) = sh.with_ctx(db, |ctx| {
+                let r = streams::serve_blocked_read(
+                    ctx,
+                    key,
+                    from,
+                    group.as_ref(),
+                    *count,
+                    *noack,
+                    resp3,
+                );
+                (r, ctx.effect.take())
             });
-            if let Some((g, consumer)) = group {
-                // The same read, no longer blocking: it delivers the same entries on replay.
-                let mut argv: Vec<&[u8]> = vec![b"XREADGROUP", b"GROUP", g, consumer];
-                let count = count.to_string();
-                if count != "0" {
-                    argv.extend([b"COUNT".as_slice(), count.as_bytes()]);
-                }
-                if *noack {
-                    argv.push(b"NOACK");
-                }
-                argv.extend([b"STREAMS".as_slice(), key, b">"]);
-                sh.log_effect(db, &argv);
+            if let Some(list) = effects {
+                sh.log_effects(db, &list);
             }
             out.raw(&reply.buf);
             // Entries read stay read; a group's delivery stays in its pending list, where

@@ -395,6 +395,44 @@ fn parse_add_trim(args: &[Bytes], xadd: bool) -> Result<(AddTrimArgs, usize), &'
     Ok((a, i))
 }
 
+/// After an approximate trim, the exact threshold that keeps what it kept: replaying `~`
+/// elsewhere would trim by that server's node layout, not this one's.
+fn exact_threshold(log: &Log, trim: Option<Trim>, approx: bool) -> Option<String> {
+    if !approx {
+        return None;
+    }
+    Some(match trim? {
+        Trim::MaxLen(_) => log.len().to_string(),
+        Trim::MinId(_) => log.first_entry_id().unwrap_or(log.last_id).to_string(),
+    })
+}
+
+/// XADD's or XTRIM's words with `~ threshold` made `= exact` (and LIMIT, which needs `~`,
+/// dropped), as Redis propagates them.
+fn exact_trim_args(args: &[Bytes], exact: Option<String>) -> Vec<Bytes> {
+    let Some(exact) = exact else {
+        return args.to_vec();
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if i >= 2 && (eq_ci(a, "maxlen") || eq_ci(a, "minid")) && i + 1 < args.len() {
+            out.push(a.clone());
+            out.push(Bytes::from_static(b"="));
+            let next = c_str(&args[i + 1]);
+            i += if next == b"~" || next == b"=" { 3 } else { 2 };
+            out.push(Bytes::from(exact.clone()));
+        } else if i >= 2 && eq_ci(a, "limit") && i + 1 < args.len() {
+            i += 2;
+        } else {
+            out.push(a.clone());
+            i += 1;
+        }
+    }
+    out
+}
+
 /// XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]] <*|id> field value ...
 pub fn xadd(ctx: &mut ExecCtx, args: &[Bytes]) {
     let (a, idpos) = match parse_add_trim(args, true) {
@@ -414,7 +452,8 @@ pub fn xadd(ctx: &mut ExecCtx, args: &[Bytes]) {
     let key = &args[1];
     let now = ctx.now_ms;
     let mut created = None;
-    let (id, trimmed) = {
+    let logging = ctx.shard.aof_on();
+    let (id, trimmed, effect) = {
         let s = match stream_mut(ctx, key) {
             Err(()) => return ctx.out.error(WRONGTYPE),
             Ok(None) if a.nomkstream => return ctx.out.null(),
@@ -456,8 +495,19 @@ pub fn xadd(ctx: &mut ExecCtx, args: &[Bytes]) {
             Some(how) => log.trim(how, a.approx, a.limit),
             None => 0,
         };
-        (id, trimmed)
+        // The id chosen, and an approximate trim as the exact one it turned out to be.
+        let effect = logging.then(|| {
+            let threshold = exact_threshold(log, a.trim, a.approx);
+            let mut argv = exact_trim_args(&args[..idpos], threshold);
+            argv.push(Bytes::from(id.to_string()));
+            argv.extend_from_slice(&args[idpos + 1..]);
+            argv
+        });
+        (id, trimmed, effect)
     };
+    if let Some(argv) = effect {
+        ctx.log_as(argv);
+    }
     match created {
         Some(s) => ctx.set(key, Value::Stream(s), 0),
         None => ctx.modified(key),
@@ -477,11 +527,18 @@ pub fn xtrim(ctx: &mut ExecCtx, args: &[Bytes]) {
         Err(e) => return ctx.out.error(e),
     };
     let key = &args[1];
-    let deleted = match stream_mut(ctx, key) {
+    let logging = ctx.shard.aof_on();
+    let (deleted, threshold) = match stream_mut(ctx, key) {
         Err(()) => return ctx.out.error(WRONGTYPE),
-        Ok(None) => 0,
-        Ok(Some(s)) => s.log.trim(a.trim.expect("checked"), a.approx, a.limit),
+        Ok(None) => (0, None),
+        Ok(Some(s)) => {
+            let n = s.log.trim(a.trim.expect("checked"), a.approx, a.limit);
+            (n, logging.then(|| exact_threshold(&s.log, a.trim, a.approx)).flatten())
+        }
     };
+    if deleted > 0 && logging {
+        ctx.log_as(exact_trim_args(args, threshold));
+    }
     if deleted > 0 {
         ctx.notify(b'x', "xtrim", key);
         ctx.modified(key);
@@ -828,7 +885,7 @@ fn deliver_new(
     noack: bool,
     now: i64,
     out: &mut Reply,
-) {
+) -> Vec<StreamId> {
     let Stream { log, groups } = s;
     let g = groups.get_mut(group).expect("group checked");
     let mut body = Reply::new(out.resp3);
@@ -862,6 +919,7 @@ fn deliver_new(
     }
     out.array(delivered.len());
     out.raw(&body.buf);
+    delivered
 }
 
 /// XREADGROUP's `>` read of one stream for `consumer` (created when missing): writes the
@@ -902,6 +960,7 @@ fn serve_group_new(
     out: &mut Reply,
 ) -> Result<bool, Vec<u8>> {
     let now = ctx.now_ms as i64;
+    let logging = ctx.shard.aof_on();
     let s = match stream_read(ctx, key) {
         Ok(Some(s)) => s,
         _ => {
@@ -924,13 +983,49 @@ fn serve_group_new(
     };
     match s.log.last_entry_id() {
         Some(last) if last > group_last => {
-            deliver_new(s, group, slot, count, noack, now, out);
+            let delivered = deliver_new(s, group, slot, count, noack, now, out);
+            let effects = logging.then(|| {
+                let g = s.groups.get(group).expect("group checked");
+                delivery_effects(key, group, g.consumer_name(slot), &delivered, g, noack)
+            });
+            for argv in effects.into_iter().flatten() {
+                ctx.log_as(argv);
+            }
             // The group's position and pending entries changed.
             ctx.shard.dirty += 1;
             Ok(true)
         }
         _ => Ok(false),
     }
+}
+
+/// What a `>` read changed, as commands that replay it exactly (Redis 7.2's form): each
+/// delivery an XCLAIM with its time, then the group's position with its read counter.
+fn delivery_effects(
+    key: &[u8],
+    group: &[u8],
+    consumer: &[u8],
+    delivered: &[StreamId],
+    g: &Group,
+    noack: bool,
+) -> Vec<Vec<Bytes>> {
+    let mut out = Vec::with_capacity(delivered.len() + 2);
+    if noack {
+        let b = Bytes::copy_from_slice;
+        out.push(vec![
+            b(b"XGROUP"),
+            b(b"CREATECONSUMER"),
+            b(key),
+            b(group),
+            b(consumer),
+        ]);
+    } else {
+        for &id in delivered {
+            out.push(claim_effect(key, group, consumer, id, g));
+        }
+    }
+    out.push(setid_effect(key, group, g));
+    out
 }
 
 /// A consumer's history: its pending entries after `after`; deleted entries come as the
@@ -1651,11 +1746,16 @@ pub fn xclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
     let resp3 = ctx.out.resp3;
     let mut body = Reply::new(resp3);
     let mut n = 0;
+    let logging = ctx.shard.aof_on();
+    let mut effects = Vec::new();
     if let Ok(Some(s)) = stream_mut(ctx, key) {
         let Stream { log, groups } = s;
         let g = groups.get_mut(gname).expect("group checked");
         if last_id > g.last_id {
             g.last_id = last_id;
+            if logging {
+                effects.push(setid_effect(key, gname, g));
+            }
         }
         for id in ids {
             let pending = g.pel.get(&id).copied();
@@ -1663,6 +1763,9 @@ pub fn xclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
                 // The entry is gone: its pending record goes too.
                 if pending.is_some() {
                     g.ack(id);
+                    if logging {
+                        effects.push(ack_effect(key, gname, id));
+                    }
                 }
                 continue;
             };
@@ -1686,6 +1789,9 @@ pub fn xclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
                 (delivery, count)
             });
             g.consumer_mut(slot).active_time = now;
+            if logging {
+                effects.push(claim_effect(key, gname, cname, id, g));
+            }
             if justid {
                 put_id(&mut body, id);
             } else {
@@ -1694,10 +1800,55 @@ pub fn xclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
             n += 1;
         }
     }
+    if logging {
+        // Which entries were idle long enough depends on the moment: log what happened.
+        ctx.effect = Some(effects);
+    }
     // Claims (and the seen time of the consumer) change the group.
     ctx.shard.dirty += 1;
     ctx.out.array(n);
     ctx.out.raw(&body.buf);
+}
+
+/// A claim as the AOF logs it: the entry's owner, delivery time and count, exactly.
+fn claim_effect(key: &[u8], group: &[u8], consumer: &[u8], id: StreamId, g: &Group) -> Vec<Bytes> {
+    let p = g.pel[&id];
+    let b = Bytes::copy_from_slice;
+    vec![
+        b(b"XCLAIM"),
+        b(key),
+        b(group),
+        b(consumer),
+        b(b"0"),
+        Bytes::from(id.to_string()),
+        b(b"TIME"),
+        Bytes::from(p.delivery_time.to_string()),
+        b(b"RETRYCOUNT"),
+        Bytes::from(p.delivery_count.to_string()),
+        b(b"FORCE"),
+        b(b"JUSTID"),
+        b(b"LASTID"),
+        Bytes::from(g.last_id.to_string()),
+    ]
+}
+
+/// A pending entry whose stream entry is gone, dropped from the group.
+fn ack_effect(key: &[u8], group: &[u8], id: StreamId) -> Vec<Bytes> {
+    let b = Bytes::copy_from_slice;
+    vec![b(b"XACK"), b(key), b(group), Bytes::from(id.to_string())]
+}
+
+fn setid_effect(key: &[u8], group: &[u8], g: &Group) -> Vec<Bytes> {
+    let b = Bytes::copy_from_slice;
+    vec![
+        b(b"XGROUP"),
+        b(b"SETID"),
+        b(key),
+        b(group),
+        Bytes::from(g.last_id.to_string()),
+        b(b"ENTRIESREAD"),
+        Bytes::from(g.entries_read.to_string()),
+    ]
 }
 
 /// The largest XAUTOCLAIM COUNT whose scratch array (16 bytes an id) Redis could
@@ -1759,6 +1910,8 @@ pub fn xautoclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
     let mut claimed = 0;
     let mut deleted = Vec::new();
     let mut cursor = StreamId::MIN;
+    let logging = ctx.shard.aof_on();
+    let mut effects = Vec::new();
     if let Ok(Some(s)) = stream_mut(ctx, key) {
         let Stream { log, groups } = s;
         let g = groups.get_mut(gname).expect("group checked");
@@ -1779,6 +1932,9 @@ pub fn xautoclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
             last = Some(id);
             let Some(entry) = log.get(id) else {
                 g.ack(id);
+                if logging {
+                    effects.push(ack_effect(key, gname, id));
+                }
                 deleted.push(id);
                 count -= 1;
                 continue;
@@ -1792,6 +1948,9 @@ pub fn xautoclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
                 (now, if justid { c } else { c + 1 })
             });
             g.consumer_mut(slot).active_time = now;
+            if logging {
+                effects.push(claim_effect(key, gname, cname, id, g));
+            }
             if justid {
                 put_id(&mut body, id);
             } else {
@@ -1815,6 +1974,9 @@ pub fn xautoclaim(ctx: &mut ExecCtx, args: &[Bytes]) {
     }
     if claimed > 0 || !deleted.is_empty() {
         ctx.shard.dirty += 1;
+    }
+    if logging {
+        ctx.effect = Some(effects);
     }
     let out = &mut *ctx.out;
     out.array(3);

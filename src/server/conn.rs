@@ -216,23 +216,25 @@ async fn flush(sess: &mut Session) -> bool {
     ok
 }
 
-/// The write barrier of `appendfsync always`: the replies in `sess.out` wait until the
-/// AOF's fsync covers every effect logged before this call, theirs among them (Redis
-/// answers only after the fsync of the loop pass that ran the commands). If the AOF cannot
-/// make them durable, the replies of a group that may have written become errors: nothing
-/// is acknowledged that was not stored.
+/// Whether a command may change the dataset, so that its reply waits for the AOF.
+fn may_write(cmd: &Command) -> bool {
+    cmd.has(flags::WRITE) || matches!(cmd.name, "exec" | "eval" | "evalsha" | "fcall" | "function")
+}
+
+/// The write barrier of `appendfsync always`: replies to a group of commands that may have
+/// written wait until the AOF's fsync covers every effect logged before this call, theirs
+/// among them. If the AOF cannot make them durable, the group's replies become errors:
+/// nothing is acknowledged that was not stored. Replies to reads alone do not wait (Redis
+/// holds them too, since it answers everything after the pass's fsync): a read may see a
+/// write whose fsync is under way, as a client of Redis with `everysec` may.
 pub async fn await_durable(sess: &mut Session) {
     let replies = std::mem::take(&mut sess.unflushed_replies);
     let wrote = std::mem::take(&mut sess.unflushed_write);
     let aof = &sess.worker.shared.persist.aof;
-    if !aof.is_on() || !aof.always() {
+    if !wrote || !aof.is_on() || !aof.always() {
         return;
     }
-    // While the AOF is failing, reads still answer (writes are refused at the door).
-    if !wrote && !aof.write_ok.load(Ordering::Relaxed) {
-        return;
-    }
-    if crate::persist::aof::barrier(aof).await || !wrote {
+    if crate::persist::aof::barrier(aof).await {
         return;
     }
     let msg = aof.error_reply();
@@ -395,10 +397,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
             return;
         }
         sess.unflushed_replies += 1;
-        if !table()
-            .lookup(&args[0])
-            .is_some_and(|c| c.has(flags::READONLY))
-        {
+        if table().lookup(&args[0]).is_some_and(may_write) {
             sess.unflushed_write = true;
         }
         crate::commands::connection::wait_if_paused(sess, &args).await;
@@ -416,7 +415,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                 let args = iter.next().expect("peeked");
                 let c = next_cmd.expect("squashable commands are known");
                 sess.unflushed_replies += 1;
-                if !c.has(flags::READONLY) {
+                if may_write(c) {
                     sess.unflushed_write = true;
                 }
                 sess.note_command(c, &args);

@@ -435,6 +435,24 @@ impl Shard {
         }
     }
 
+    /// Logs the effects of one command; several stay whole, inside MULTI/EXEC as Redis
+    /// wraps them, unless a transaction or script already keeps them in its block.
+    pub fn log_effects(&mut self, db: usize, list: &[Vec<Bytes>]) {
+        if list.len() == 1 || self.aof.held() {
+            for argv in list {
+                self.log_effect(db, argv);
+            }
+            return;
+        }
+        self.aof_hold();
+        let mark = self.aof.mark();
+        for argv in list {
+            self.log_effect(db, argv);
+        }
+        self.aof.wrap_since(mark);
+        self.aof_release();
+    }
+
     /// Hands what the buffer holds to the writer, unless a group holds it. Called before
     /// anything that lets a client see the effects' results (a reply, a delivery to a
     /// blocked client, a lock grant).
@@ -843,21 +861,7 @@ fn log_command_effect(
             }
         },
     };
-    if list.len() == 1 || shard.aof.held() {
-        // Inside a transaction or script, whose own block keeps them whole.
-        for argv in &list {
-            shard.log_effect(db, argv);
-        }
-        return;
-    }
-    // Several effects of one command stay whole, as Redis wraps them in MULTI/EXEC.
-    shard.aof_hold();
-    let mark = shard.aof.mark();
-    for argv in &list {
-        shard.log_effect(db, argv);
-    }
-    shard.aof.wrap_since(mark);
-    shard.aof_release();
+    shard.log_effects(db, &list);
 }
 
 fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
