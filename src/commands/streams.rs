@@ -533,7 +533,12 @@ pub fn xtrim(ctx: &mut ExecCtx, args: &[Bytes]) {
         Ok(None) => (0, None),
         Ok(Some(s)) => {
             let n = s.log.trim(a.trim.expect("checked"), a.approx, a.limit);
-            (n, logging.then(|| exact_threshold(&s.log, a.trim, a.approx)).flatten())
+            (
+                n,
+                logging
+                    .then(|| exact_threshold(&s.log, a.trim, a.approx))
+                    .flatten(),
+            )
         }
     };
     if deleted > 0 && logging {

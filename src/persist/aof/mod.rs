@@ -12,6 +12,7 @@ pub mod effects;
 pub mod manifest;
 pub mod propagate;
 pub mod replay;
+pub mod resp_base;
 pub mod rewrite;
 pub mod writer;
 

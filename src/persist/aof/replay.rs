@@ -144,8 +144,18 @@ fn load(shared: &Arc<Shared>) -> Result<u64, String> {
             );
             m
         } else {
-            let name = names.base(1, true);
-            write_synced(&names.dir.join(&name), &empty_rdb(shared))
+            let preamble = shared
+                .config
+                .lock()
+                .expect("config lock")
+                .get_bool("aof-use-rdb-preamble");
+            let name = names.base(1, preamble);
+            let body = if preamble {
+                empty_rdb(shared)
+            } else {
+                Vec::new()
+            };
+            write_synced(&names.dir.join(&name), &body)
                 .map_err(|e| format!("can't create the AOF base file {name}: {e}"))?;
             tracing::info!("Creating AOF base file {name} on server start");
             Manifest {

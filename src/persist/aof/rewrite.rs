@@ -83,6 +83,17 @@ async fn run(worker: &Rc<Worker>) -> Result<(), String> {
     std::fs::create_dir_all(&names.dir)
         .map_err(|e| format!("can't create {}: {e}", names.dir.display()))?;
     let temp = names.temp_rewrite();
+    let preamble = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .get_bool("aof-use-rdb-preamble");
+    // Without the RDB preamble the snapshot is read back and written as commands.
+    let snapshot_path = if preamble {
+        temp.clone()
+    } else {
+        temp.with_extension("rdb")
+    };
     let enabling = !shared.persist.aof.is_on();
     let (switched_tx, switched) = oneshot::channel();
     let layout = Names {
@@ -118,11 +129,23 @@ async fn run(worker: &Rc<Worker>) -> Result<(), String> {
             st.send(ToWriter::Rotate { done: switched_tx });
         }
     });
-    let cut = snapshot::cut(worker, temp.clone(), Some(at_cut)).await?;
-    let written = cut
+    let cut = snapshot::cut(worker, snapshot_path.clone(), Some(at_cut)).await?;
+    let mut written = cut
         .written
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("the snapshot writer stopped")));
+    if !preamble && written.is_ok() {
+        let (from, to) = (snapshot_path.clone(), temp.clone());
+        let (tx, rx) = oneshot::channel();
+        // Off the shard's thread: converting a large snapshot takes a while.
+        std::thread::spawn(move || {
+            let _ = tx.send(super::resp_base::rdb_to_commands(&from, &to));
+        });
+        written = rx
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the rewrite thread failed")));
+        let _ = std::fs::remove_file(&snapshot_path);
+    }
     let switched = switched
         .await
         .unwrap_or_else(|_| Err("the AOF writer stopped".into()));
@@ -131,7 +154,7 @@ async fn run(worker: &Rc<Worker>) -> Result<(), String> {
             let (done, wait) = oneshot::channel();
             shared.persist.aof.send(ToWriter::RewriteDone {
                 temp: temp.clone(),
-                rdb: true,
+                rdb: preamble,
                 done,
             });
             wait.await
