@@ -1863,3 +1863,61 @@ fn info_persistence_aof_fields() {
         "0"
     );
 }
+
+// ---------------------------------------------------------------------------
+// 13. FUNCTION libraries
+// ---------------------------------------------------------------------------
+
+/// FUNCTION LOAD, DELETE and FLUSH change no key, yet Redis logs them: a library loaded
+/// after the last rewrite survives kill -9, a deleted one stays deleted, and one loaded
+/// during a rewrite is in the base or the new increment.
+#[test]
+fn function_libraries_survive_kill9() {
+    let lib = |name: &str| {
+        format!("#!lua name={name}\nredis.register_function('{name}_f', function(keys, args) return 1 end)")
+    };
+    for threads in [1, 4] {
+        let what = format!("--threads {threads}");
+        let dir = TempDir::new("aof-functions");
+        let mut kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        let mut c = kite.client();
+        for name in ["keep", "gone", "later"] {
+            assert_eq!(
+                c.cmd(&["FUNCTION", "LOAD", &lib(name)]),
+                Resp::bulk(name),
+                "{what}"
+            );
+        }
+        assert_eq!(c.cmd(&["FUNCTION", "DELETE", "gone"]), Resp::ok(), "{what}");
+        assert_eq!(c.cmd(&["BGREWRITEAOF"]).is_error(), false, "{what}");
+        assert_eq!(
+            c.cmd(&["FUNCTION", "LOAD", &lib("during")]),
+            Resp::bulk("during")
+        );
+        wait_rewrite_done(&mut c, &what);
+        assert_eq!(
+            c.cmd(&["FUNCTION", "DELETE", "later"]),
+            Resp::ok(),
+            "{what}"
+        );
+        kill9(&mut kite);
+        drop(kite);
+        let kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        let mut c = kite.client();
+        for (name, there) in [
+            ("keep", true),
+            ("gone", false),
+            ("later", false),
+            ("during", true),
+        ] {
+            let f = format!("{name}_f");
+            let r = c.cmd(&["FCALL", &f, "0"]);
+            assert_eq!(
+                r.as_int() == Some(1),
+                there,
+                "{what}: after kill -9, library {name} should {}be there (FCALL gave {r:?})",
+                if there { "" } else { "not " }
+            );
+        }
+    }
+}

@@ -593,15 +593,9 @@ async fn on_every_shard_locked(
         Some(Tx::lock_keys(&sess.worker, &[], true).await)
     };
     broadcast(&sess.worker, move |w| f(&mut w.shard.borrow_mut())).await;
-    if sess.worker.shared.persist.aof.is_on() {
-        match &tx {
-            Some(tx) => tx.log(sess.db, effect),
-            None => {
-                let mut e = crate::persist::aof::Effects::default();
-                e.push(sess.db, effect);
-                sess.aof_pending.push(e.take_all());
-            }
-        }
+    match &tx {
+        Some(tx) => tx.log(sess.db, effect),
+        None => super::log_global_effect(sess, effect),
     }
     drop(tx);
 }

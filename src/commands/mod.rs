@@ -634,6 +634,23 @@ async fn run_on_shard(
     sess.out.buf.extend_from_slice(&reply.buf);
 }
 
+/// Logs a command that changed state outside the shards (FUNCTION LOAD...), or that ran
+/// on every shard at once, where it ran: into the running EXEC's block, else straight to
+/// the AOF writer.
+pub fn log_global_effect(sess: &mut Session, argv: &[Bytes]) {
+    if !sess.worker.shared.persist.aof.is_on() {
+        return;
+    }
+    let mut e = crate::persist::aof::Effects::default();
+    e.push(sess.db, argv);
+    let piece = e.take_all();
+    if sess.in_exec {
+        sess.aof_pending.push(piece);
+    } else {
+        sess.worker.shared.persist.aof.send_piece(piece);
+    }
+}
+
 /// Boxes an async handler body; keeps handler definitions short.
 #[macro_export]
 macro_rules! async_handler {

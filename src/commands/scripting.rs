@@ -287,7 +287,10 @@ async_handler!(function, |sess, args| {
                 Ok(lib) => {
                     let name = lib.name.clone();
                     match registry.install(vec![lib], replace, true) {
-                        Ok(()) => sess.out.bulk(name.as_bytes()),
+                        Ok(()) => {
+                            crate::commands::log_global_effect(sess, &args);
+                            sess.out.bulk(name.as_bytes())
+                        }
                         Err(e) => sess.out.error(&e),
                     }
                 }
@@ -296,6 +299,7 @@ async_handler!(function, |sess, args| {
         }
         "delete" => {
             if registry.delete(&String::from_utf8_lossy(&args[2])) {
+                crate::commands::log_global_effect(sess, &args);
                 sess.out.ok()
             } else {
                 sess.out.error("ERR Library not found")
@@ -308,6 +312,7 @@ async_handler!(function, |sess, args| {
                     .error("ERR FUNCTION FLUSH only supports SYNC|ASYNC option");
             }
             registry.flush();
+            crate::commands::log_global_effect(sess, &args);
             sess.out.ok();
         }
         "list" => list(sess, &args, registry.snapshot()),
@@ -451,7 +456,10 @@ fn restore(sess: &mut Session, args: &[Bytes]) {
         _ => registry.install(libs, false, false),
     };
     match result {
-        Ok(()) => sess.out.ok(),
+        Ok(()) => {
+            crate::commands::log_global_effect(sess, args);
+            sess.out.ok()
+        }
         Err(e) => sess.out.error(&e),
     }
 }

@@ -148,10 +148,13 @@ pub(super) async fn cut(
     }
     let tx = Tx::lock_keys(worker, &[], true).await;
     let dirty = broadcast(worker, move |w| begin_on_shard(w, &to_writer, opts)).await;
-    let _ = head_tx.send(header(&opts));
+    // An AOF rewrite switches files before the FUNCTION libraries are read: a library
+    // loaded meanwhile is then in the base or logged after the switch (or both, which
+    // replays harmlessly), never in neither.
     if let Some(f) = at_cut {
         f(worker);
     }
+    let _ = head_tx.send(header(&opts));
     drop(tx);
     Ok(Cut {
         started,
