@@ -1531,7 +1531,8 @@ fn acknowledged_writes_survive_kill9_under_load() {
 // ---------------------------------------------------------------------------
 
 /// 20 accounts (account:0..19, 100 each) and 20000 other keys; 4 clients move money
-/// between accounts with MULTI / DECRBY / INCRBY / EXEC while BGREWRITEAOF runs three
+/// between accounts with MULTI / DECRBY / INCRBY / EXEC (one of them with a script doing
+/// the same, as BullMQ's scripts move jobs) while BGREWRITEAOF runs three
 /// times (each polled to its end); then SIGKILL in the middle of the transfers and a
 /// restart: all 20 accounts are there and add up to exactly 2000.
 #[test]
@@ -1576,6 +1577,29 @@ fn transfers_stay_whole_across_rewrites_and_kill9() {
                             let from = rng.index(ACCOUNTS);
                             let to = (from + 1 + rng.index(ACCOUNTS - 1)) % ACCOUNTS;
                             let amount = rng.range(1, 30).to_string();
+                            // The last client moves money with a script, as BullMQ's
+                            // scripts move jobs: its effects must stay whole too.
+                            if t == 3 {
+                                let cmd = [
+                                    "EVAL".to_string(),
+                                    "redis.call('DECRBY', KEYS[1], ARGV[1]) \
+                                     return redis.call('INCRBY', KEYS[2], ARGV[1])"
+                                        .into(),
+                                    "2".into(),
+                                    format!("account:{from}"),
+                                    format!("account:{to}"),
+                                    amount,
+                                ];
+                                if c.try_send_raw(&encode_command(&cmd)).is_err() {
+                                    break;
+                                }
+                                match c.try_read() {
+                                    Ok(Resp::Integer(_)) => done += 1,
+                                    Ok(other) => panic!("EVAL: {other}"),
+                                    Err(_) => break,
+                                }
+                                continue;
+                            }
                             let mut tx = Vec::new();
                             for cmd in [
                                 vec!["MULTI".to_string()],

@@ -33,8 +33,12 @@ pub struct CompareArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub kite_threads: Vec<usize>,
     /// Extra arguments for Kite, split on spaces.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub kite_args: String,
+    /// Extra arguments for every server, Redis included, split on spaces (for example
+    /// `--appendonly yes --appendfsync always`, to compare them configured alike).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub server_args: String,
     /// Workloads: drain, brpop-keys, ops, latency, memory, bullmq-add, bullmq-process.
     #[arg(long, value_delimiter = ',', default_value = "drain,brpop-keys,ops")]
     pub workloads: Vec<String>,
@@ -94,6 +98,8 @@ pub struct Server {
     child: Child,
     pub addr: SocketAddr,
     log: PathBuf,
+    /// The server's own `dir`, fresh for each start so that no run loads another's files.
+    data: PathBuf,
 }
 
 impl Server {
@@ -129,6 +135,7 @@ impl Drop for Server {
         }
         signal::forget_child(pid);
         let _ = fs::remove_file(&self.log);
+        let _ = fs::remove_dir_all(&self.data);
     }
 }
 
@@ -143,11 +150,17 @@ pub fn start_server(name: &str, bin: &Path, args: &[String]) -> io::Result<Serve
     let log =
         std::env::temp_dir().join(format!("kite-bench-{}-{port}.log", name.replace(' ', "-")));
     let out = fs::File::create(&log)?;
+    let data =
+        std::env::temp_dir().join(format!("kite-bench-data-{}-{port}", name.replace(' ', "-")));
+    let _ = fs::remove_dir_all(&data);
+    fs::create_dir_all(&data)?;
     let mut cmd = Command::new(bin);
     cmd.arg("--port")
         .arg(port.to_string())
         .arg("--bind")
         .arg("127.0.0.1")
+        .arg("--dir")
+        .arg(&data)
         .args(args)
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
@@ -164,7 +177,12 @@ pub fn start_server(name: &str, bin: &Path, args: &[String]) -> io::Result<Serve
         .map_err(|e| io::Error::other(format!("cannot start {}: {e}", bin.display())))?;
     signal::register_child(child.id() as i32);
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut server = Server { child, addr, log };
+    let mut server = Server {
+        child,
+        addr,
+        log,
+        data,
+    };
     let t0 = Instant::now();
     loop {
         if let Ok(Some(st)) = server.child.try_wait() {
@@ -351,16 +369,16 @@ pub fn run(a: &CompareArgs, g: &ServerArgs) -> io::Result<()> {
             a.kite.display()
         )));
     }
-    let mut servers: Vec<(String, PathBuf, Vec<String>)> = vec![(
-        "redis".into(),
-        redis.clone(),
-        vec![
-            "--save".into(),
-            "".into(),
-            "--appendonly".into(),
-            "no".into(),
-        ],
-    )];
+    let mut servers: Vec<(String, PathBuf, Vec<String>)> = vec![("redis".into(), redis.clone(), {
+        let mut args = vec![
+            "--save".to_string(),
+            String::new(),
+            "--appendonly".to_string(),
+            "no".to_string(),
+        ];
+        args.extend(a.server_args.split_whitespace().map(String::from));
+        args
+    })];
     for &n in &a.kite_threads {
         // Configured like the Redis above: no save points.
         let mut args = vec![
@@ -369,6 +387,7 @@ pub fn run(a: &CompareArgs, g: &ServerArgs) -> io::Result<()> {
             "--save".to_string(),
             String::new(),
         ];
+        args.extend(a.server_args.split_whitespace().map(String::from));
         args.extend(a.kite_args.split_whitespace().map(String::from));
         servers.push((format!("kite t{n}"), a.kite.clone(), args));
     }
@@ -766,6 +785,7 @@ mod tests {
             redis: None,
             kite_threads: vec![2],
             kite_args: String::new(),
+            server_args: String::new(),
             workloads: vec![],
             reps: 1,
             out_dir: "x".into(),

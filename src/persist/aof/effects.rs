@@ -142,11 +142,14 @@ impl Effects {
 
     /// Takes the whole buffer.
     pub fn take_all(&mut self) -> Piece {
+        // The next batch is likely the size of this one: one allocation instead of a
+        // run of reallocations as it grows.
+        let cap = self.buf.len().clamp(64, 1 << 16);
         let piece = Piece {
             start_db: self.start_db,
             end_db: self.last_db,
             count: self.count,
-            bytes: std::mem::take(&mut self.buf),
+            bytes: std::mem::replace(&mut self.buf, Vec::with_capacity(cap)),
         };
         self.start_db = self.last_db;
         self.count = 0;
