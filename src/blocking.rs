@@ -664,7 +664,11 @@ async fn move_across_shards(
         let tx =
             crate::shard::tx::Tx::lock_keys(&sess.worker, &[src.clone(), dst.clone()], false).await;
         let mark = sess.out.buf.len();
-        lists::move_across(sess, src.clone(), dst.clone(), from_left, to_left, &tx).await;
+        let db = sess.db;
+        // `move_across` names its effect (LMOVE); a move that found nothing logs nothing.
+        let effect = lists::move_effect(&src, &dst, from_left, to_left);
+        let moved = lists::move_across(sess, src.clone(), dst.clone(), from_left, to_left, &tx);
+        tx.logged(db, &effect, moved).await;
         drop(tx);
         let written = &sess.out.buf[mark..];
         let null = written == b"$-1\r\n" || written == b"_\r\n";

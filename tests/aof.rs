@@ -1945,3 +1945,101 @@ fn function_libraries_survive_kill9() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// 14. Blocking moves between lists on different shards
+// ---------------------------------------------------------------------------
+
+/// BLMOVE and BRPOPLPUSH whose two lists live on different shards (8 pairs at --threads
+/// 4, so that most pairs cross), served at once and after blocking, then kill -9: every
+/// element is where the move put it (found by Sidekiq's reliable fetch, which moves each
+/// job into an in-progress list with BLMOVE).
+#[test]
+fn blocking_moves_across_shards_survive_kill9() {
+    for threads in [1, 4] {
+        let what = format!("--threads {threads}");
+        let dir = TempDir::new("aof-bmove");
+        let mut kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        let mut c = kite.client();
+        for i in 0..8 {
+            let (src, dst) = (format!("now:src:{i}"), format!("now:dst:{i}"));
+            assert_eq!(
+                c.cmd(&["RPUSH", &src, "a", "b"]),
+                Resp::Integer(2),
+                "{what}"
+            );
+            assert_eq!(
+                c.cmd(&["BLMOVE", &src, &dst, "LEFT", "RIGHT", "0"]),
+                Resp::bulk("a"),
+                "{what}"
+            );
+            assert_eq!(
+                c.cmd(&["BRPOPLPUSH", &src, &dst, "0"]),
+                Resp::bulk("b"),
+                "{what}"
+            );
+        }
+        let port = kite.port;
+        thread::scope(|sc| {
+            let waiters: Vec<_> = (0..8)
+                .map(|i| {
+                    sc.spawn(move || {
+                        let mut w = Client::connect(port);
+                        let (src, dst) = (format!("later:src:{i}"), format!("later:dst:{i}"));
+                        let cmd: Vec<String> = if i % 2 == 0 {
+                            ["BLMOVE", &src, &dst, "RIGHT", "LEFT", "10"]
+                                .map(String::from)
+                                .to_vec()
+                        } else {
+                            ["BRPOPLPUSH", &src, &dst, "10"].map(String::from).to_vec()
+                        };
+                        w.cmd(&cmd)
+                    })
+                })
+                .collect();
+            // Every waiter is blocked before the pushes that serve it.
+            wait_until(std::time::Duration::from_secs(10), || {
+                info_req(&mut c, "clients", "blocked_clients") == "8"
+            });
+            for i in 0..8 {
+                let src = format!("later:src:{i}");
+                assert_eq!(c.cmd(&["RPUSH", &src, &format!("v{i}")]), Resp::Integer(1));
+            }
+            for (i, w) in waiters.into_iter().enumerate() {
+                assert_eq!(
+                    w.join().unwrap(),
+                    Resp::bulk(format!("v{i}")),
+                    "{what}: waiter {i}"
+                );
+            }
+        });
+        kill9(&mut kite);
+        drop(kite);
+        let kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        let mut c = kite.client();
+        for i in 0..8 {
+            for (src, dst, want) in [
+                // "a" went to the tail, then BRPOPLPUSH put "b" at the head.
+                (
+                    format!("now:src:{i}"),
+                    format!("now:dst:{i}"),
+                    vec!["b", "a"],
+                ),
+                (
+                    format!("later:src:{i}"),
+                    format!("later:dst:{i}"),
+                    vec![format!("v{i}").leak() as &str],
+                ),
+            ] {
+                assert_eq!(
+                    c.cmd(&["LLEN", &src]),
+                    Resp::Integer(0),
+                    "{what}: {src} after kill -9"
+                );
+                let got = c.cmd(&["LRANGE", &dst, "0", "-1"]);
+                let want = Resp::Array(want.iter().map(|v| Resp::bulk(*v)).collect());
+                assert_eq!(got, want, "{what}: {dst} after kill -9");
+            }
+        }
+    }
+}

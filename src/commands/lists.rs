@@ -503,6 +503,18 @@ pub fn lmove(ctx: &mut ExecCtx, args: &[Bytes]) {
 }
 
 /// LMOVE across shards, under a transaction holding both keys.
+/// `LMOVE src dst LEFT|RIGHT LEFT|RIGHT`, the effect of any list move.
+pub fn move_effect(src: &Bytes, dst: &Bytes, from_left: bool, to_left: bool) -> Vec<Bytes> {
+    let side = |l: bool| Bytes::from_static(if l { b"LEFT" } else { b"RIGHT" });
+    vec![
+        Bytes::from_static(b"LMOVE"),
+        src.clone(),
+        dst.clone(),
+        side(from_left),
+        side(to_left),
+    ]
+}
+
 pub async fn move_across(
     sess: &mut Session,
     src: Bytes,
@@ -536,14 +548,19 @@ pub async fn move_across(
     {
         return sess.out.error(WRONGTYPE);
     }
+    let s = src.clone();
     let popped = tx
-        .run(src_shard, move |sh| pop_one(sh, db, &src, from_left))
+        .run(src_shard, move |sh| pop_one(sh, db, &s, from_left))
         .await;
     match popped {
         Ok(Some(v)) => {
             let value = v.clone();
-            tx.run(dst_shard, move |sh| push_one(sh, db, &dst, to_left, &value))
+            let d = dst.clone();
+            tx.run(dst_shard, move |sh| push_one(sh, db, &d, to_left, &value))
                 .await;
+            // Logged as the move it was, whichever command (LMOVE, RPOPLPUSH, a served
+            // BLMOVE or BRPOPLPUSH) made it.
+            tx.log_as(move_effect(&src, &dst, from_left, to_left));
             sess.out.bulk(&v);
         }
         Ok(None) => sess.out.null(),
