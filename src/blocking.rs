@@ -821,6 +821,9 @@ async fn wait(
     // Replies to the commands pipelined before this one go out before it parks.
     if !sess.out.buf.is_empty() {
         crate::server::conn::await_durable(sess).await;
+        // The blocked command's own reply, still to come, waits for the AOF in turn.
+        sess.unflushed_replies = 1;
+        sess.unflushed_write = true;
         let n = sess.out.buf.len();
         if io::write_all(sess.stream.as_deref(), &sess.out.buf)
             .await

@@ -2043,3 +2043,48 @@ fn blocking_moves_across_shards_survive_kill9() {
         }
     }
 }
+
+/// Kite only (`--appendfsync always`): a client pipelines PING and BLPOP; the PONG goes
+/// out while BLPOP waits. With the fsync paused, another client's RPUSH serves the BLPOP:
+/// the pop runs (the list is seen empty by a third client) but its reply must wait for
+/// the fsync, like any write's.
+#[test]
+fn kite_fsync_pause_holds_a_served_blocking_pop() {
+    if skip_on_redis("kite_fsync_pause_holds_a_served_blocking_pop") {
+        return;
+    }
+    for threads in [1, 4] {
+        let what = format!("--threads {threads}");
+        let dir = TempDir::new("aof-fault-bpop");
+        let kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        let (mut a, mut b, mut c) = (kite.client(), kite.client(), kite.client());
+        let mut pipeline = encode_command(&["PING"]);
+        pipeline.extend_from_slice(&encode_command(&["BLPOP", "q", "0"]));
+        a.send_raw(&pipeline);
+        assert_eq!(a.read(), Resp::simple("PONG"), "{what}");
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                info_req(&mut c, "clients", "blocked_clients") == "1"
+            }),
+            "{what}: BLPOP never blocked"
+        );
+        assert_eq!(c.cmd(&["DEBUG", "AOF-FSYNC-FAULT", "PAUSE"]), Resp::ok());
+        b.send(&["RPUSH", "q", "x"]);
+        let popped = wait_until(Duration::from_secs(10), || {
+            c.cmd(&["EXISTS", "q"]) == Resp::Integer(0)
+                && info_req(&mut c, "clients", "blocked_clients") == "0"
+        });
+        assert!(popped, "{what}: the BLPOP was never served");
+        assert!(
+            !reply_waiting(&a),
+            "{what}: the served BLPOP was answered while the AOF fsync was paused"
+        );
+        assert_eq!(c.cmd(&["DEBUG", "AOF-FSYNC-FAULT", "OFF"]), Resp::ok());
+        assert_eq!(
+            a.read(),
+            Resp::Array(vec![Resp::bulk("q"), Resp::bulk("x")]),
+            "{what}: the held reply"
+        );
+        assert_eq!(b.read(), Resp::Integer(1), "{what}");
+    }
+}
