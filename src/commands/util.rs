@@ -64,13 +64,23 @@ pub fn printable(b: &[u8], max: usize) -> String {
 /// Redis's `stringmatchlen`: glob matching with `*`, `?`, `[...]` (with `^` and ranges)
 /// and `\` escapes, optionally case-insensitive.
 pub fn glob_match(pattern: &[u8], text: &[u8], nocase: bool) -> bool {
-    glob_inner(pattern, text, nocase, 0)
+    glob_inner(pattern, text, nocase, 0) == Glob::Match
 }
 
-fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> bool {
+#[derive(PartialEq, Eq)]
+enum Glob {
+    Match,
+    NoMatch,
+    /// A `*` tried every rest of the text and none matched: a `*` further out, trying a
+    /// shorter rest, cannot match either (the fix for CVE-2022-36021, where patterns like
+    /// `a*a*a*...b` took exponential time).
+    GiveUp,
+}
+
+fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> Glob {
     // Bound recursion on hostile patterns (many stars), as Redis does.
     if depth > 1000 {
-        return false;
+        return Glob::NoMatch;
     }
     let fold = |c: u8| if nocase { c.to_ascii_lowercase() } else { c };
     while !p.is_empty() {
@@ -80,24 +90,25 @@ fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> bool {
                     p = &p[1..];
                 }
                 if p.len() == 1 {
-                    return true;
+                    return Glob::Match;
                 }
                 for i in 0..=s.len() {
-                    if glob_inner(&p[1..], &s[i..], nocase, depth + 1) {
-                        return true;
+                    match glob_inner(&p[1..], &s[i..], nocase, depth + 1) {
+                        Glob::NoMatch => {}
+                        found_or_hopeless => return found_or_hopeless,
                     }
                 }
-                return false;
+                return Glob::GiveUp;
             }
             b'?' => {
                 if s.is_empty() {
-                    return false;
+                    return Glob::NoMatch;
                 }
                 s = &s[1..];
             }
             b'[' => {
                 if s.is_empty() {
-                    return false;
+                    return Glob::NoMatch;
                 }
                 p = &p[1..];
                 let not = !p.is_empty() && p[0] == b'^';
@@ -144,24 +155,28 @@ fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> bool {
                     matched = !matched;
                 }
                 if !matched {
-                    return false;
+                    return Glob::NoMatch;
                 }
                 s = &s[1..];
                 if p.is_empty() {
                     // Unterminated class: Redis treats the end of the pattern as its end.
-                    return s.is_empty();
+                    return if s.is_empty() {
+                        Glob::Match
+                    } else {
+                        Glob::NoMatch
+                    };
                 }
             }
             b'\\' if p.len() >= 2 => {
                 p = &p[1..];
                 if s.is_empty() || fold(p[0]) != fold(s[0]) {
-                    return false;
+                    return Glob::NoMatch;
                 }
                 s = &s[1..];
             }
             c => {
                 if s.is_empty() || fold(c) != fold(s[0]) {
-                    return false;
+                    return Glob::NoMatch;
                 }
                 s = &s[1..];
             }
@@ -174,7 +189,11 @@ fn glob_inner(mut p: &[u8], mut s: &[u8], nocase: bool, depth: usize) -> bool {
             break;
         }
     }
-    p.is_empty() && s.is_empty()
+    if p.is_empty() && s.is_empty() {
+        Glob::Match
+    } else {
+        Glob::NoMatch
+    }
 }
 
 /// A SCAN cursor read as C's `strtoul` reads it, as Redis 7.2 does: no leading space, an
@@ -220,6 +239,22 @@ mod tests {
         assert!(glob_match(b"HELLO", b"hello", true));
         assert!(!glob_match(b"a", b"", false));
         assert!(glob_match(b"", b"", false));
+        assert!(glob_match(b"a*b*c", b"axxbyyc", false));
+        assert!(!glob_match(b"a*b*c", b"axxbyyd", false));
+        assert!(glob_match(b"*a*b", b"xxaxxab", false));
+    }
+
+    /// CVE-2022-36021: nested stars against a long run of one letter took exponential
+    /// time (this test never ended before the fix); now a star that tried every rest of
+    /// the text tells the stars outside it to stop.
+    #[test]
+    fn nested_stars_end() {
+        let pattern = format!("{}b", "a*".repeat(40));
+        let text = vec![b'a'; 200];
+        assert!(!glob_match(pattern.as_bytes(), &text, false));
+        let mut text_b = text.clone();
+        text_b.push(b'b');
+        assert!(glob_match(pattern.as_bytes(), &text_b, false));
     }
 
     #[test]
