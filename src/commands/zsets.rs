@@ -1317,12 +1317,9 @@ fn parse_mpop(args: &[Bytes]) -> Result<MpopArgs, &'static str> {
     })
 }
 
-/// ZMPOP numkeys key [key ...] MIN|MAX [COUNT count]
-pub fn zmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let a = match parse_mpop(args) {
-        Ok(a) => a,
-        Err(e) => return ctx.out.error(e),
-    };
+/// ZMPOP's and BZMPOP's pop on one shard: the first non-empty sorted set in key order,
+/// logged as the ZPOPMIN/ZPOPMAX it was.
+fn mpop_here(ctx: &mut ExecCtx, a: &MpopArgs) {
     for key in &a.keys {
         match pop_min_max(ctx, key, a.max, a.count) {
             Err(WrongType) => return ctx.out.error(WRONGTYPE),
@@ -1342,6 +1339,15 @@ pub fn zmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
         }
     }
     ctx.out.null_array();
+}
+
+/// ZMPOP numkeys key [key ...] MIN|MAX [COUNT count]
+pub fn zmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
+    let a = match parse_mpop(args) {
+        Ok(a) => a,
+        Err(e) => return ctx.out.error(e),
+    };
+    mpop_here(ctx, &a);
 }
 
 cross_handler!(zmpop_cross, |sess, args, tx| {
@@ -2319,25 +2325,7 @@ pub fn bzmpop(ctx: &mut ExecCtx, args: &[Bytes]) {
         Ok(x) => x,
         Err(e) => return ctx.out.error(&e),
     };
-    for key in &a.keys {
-        match pop_min_max(ctx, key, a.max, a.count) {
-            Err(WrongType) => return ctx.out.error(WRONGTYPE),
-            Ok(None) => continue,
-            Ok(Some(items)) => {
-                if ctx.logging() {
-                    let name: &'static [u8] = if a.max { b"ZPOPMAX" } else { b"ZPOPMIN" };
-                    let n = items.len().to_string();
-                    ctx.log_as(crate::persist::aof::effects::words(&[
-                        name,
-                        key,
-                        n.as_bytes(),
-                    ]));
-                }
-                return reply_mpop(ctx.out, key, &items);
-            }
-        }
-    }
-    ctx.out.null_array();
+    mpop_here(ctx, &a);
 }
 
 cross_handler!(bzmpop_cross, |sess, args, tx| {

@@ -176,45 +176,53 @@ pub fn load_at_startup(shared: Arc<Shared>) {
     if !path.exists() {
         return;
     }
+    spawn_loader(shared, "kite-rdb-loader", move |shared| {
+        let started = std::time::Instant::now();
+        if let Some(l) = load_file(shared, &path)? {
+            shared.persist.loaded_keys.store(l.keys, Ordering::Relaxed);
+            shared
+                .persist
+                .loaded_expired
+                .store(l.expired_skipped, Ordering::Relaxed);
+            tracing::info!(
+                "DB loaded from disk: {} keys ({} expired skipped) in {:.3} seconds",
+                l.keys,
+                l.expired_skipped,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    });
+}
+
+/// Runs `load` on a thread of its own while clients get -LOADING; an error stops the
+/// server: Kite never starts on part of a dataset.
+pub fn spawn_loader(
+    shared: Arc<Shared>,
+    name: &str,
+    load: impl FnOnce(&Arc<Shared>) -> Result<(), String> + Send + 'static,
+) {
     let state = &shared.persist;
     state.loading.store(true, Ordering::Release);
     state
         .loading_started_unix
         .store(unix_ms() / 1000, Ordering::Relaxed);
     state.refresh_gate(&shared);
-    let shared2 = shared.clone();
     let spawned = std::thread::Builder::new()
-        .name("kite-rdb-loader".into())
-        .spawn(move || {
-            let shared = shared2;
-            let started = std::time::Instant::now();
-            match load_file(&shared, &path) {
-                Ok(loaded) => {
-                    if let Some(l) = loaded {
-                        shared.persist.loaded_keys.store(l.keys, Ordering::Relaxed);
-                        shared
-                            .persist
-                            .loaded_expired
-                            .store(l.expired_skipped, Ordering::Relaxed);
-                        tracing::info!(
-                            "DB loaded from disk: {} keys ({} expired skipped) in {:.3} seconds",
-                            l.keys,
-                            l.expired_skipped,
-                            started.elapsed().as_secs_f64()
-                        );
-                    }
-                    shared.persist.loading.store(false, Ordering::Release);
-                    shared.persist.refresh_gate(&shared);
-                }
-                Err(e) => {
-                    tracing::error!("{e}");
-                    eprintln!("{e}");
-                    std::process::exit(1);
-                }
+        .name(name.into())
+        .spawn(move || match load(&shared) {
+            Ok(()) => {
+                shared.persist.loading.store(false, Ordering::Release);
+                shared.persist.refresh_gate(&shared);
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("{e}");
+                std::process::exit(1);
             }
         });
     if let Err(e) = spawned {
-        eprintln!("cannot start the loader thread: {e}");
+        eprintln!("cannot start the {name} thread: {e}");
         std::process::exit(1);
     }
 }

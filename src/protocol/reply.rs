@@ -12,7 +12,7 @@ pub struct Reply {
 }
 
 /// Writes `v` in decimal without going through `fmt`, which is measurably slower on the hot path.
-pub fn put_int(buf: &mut BytesMut, v: i64) {
+pub fn put_int(buf: &mut impl BufMut, v: i64) {
     let mut tmp = [0u8; 20];
     let mut pos = tmp.len();
     let mut n = v.unsigned_abs();
@@ -27,7 +27,7 @@ pub fn put_int(buf: &mut BytesMut, v: i64) {
     if v < 0 {
         buf.put_u8(b'-');
     }
-    buf.extend_from_slice(&tmp[pos..]);
+    buf.put_slice(&tmp[pos..]);
 }
 
 /// Formats a double as Redis 7.2 prints scores and RESP2 doubles: the shortest text that

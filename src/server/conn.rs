@@ -396,12 +396,12 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         if sess.handle.killed.get() {
             return;
         }
-        sess.unflushed_replies += 1;
-        if table().lookup(&args[0]).is_some_and(may_write) {
-            sess.unflushed_write = true;
-        }
         crate::commands::connection::wait_if_paused(sess, &args).await;
         let cmd = table().lookup(&args[0]);
+        sess.unflushed_replies += 1;
+        if cmd.is_some_and(may_write) {
+            sess.unflushed_write = true;
+        }
         if let Some(target) = squash_target(sess, cmd, &args) {
             let cmd = cmd.expect("squashable commands are known");
             let mut batch = VecDeque::new();

@@ -7,6 +7,8 @@
 
 use bytes::Bytes;
 
+use crate::protocol::reply::put_int;
+
 /// Effects in RESP, each run of them relative to the database in force at its start.
 #[derive(Default)]
 pub struct Effects {
@@ -39,30 +41,16 @@ pub struct Mark {
 /// Appends one command as a RESP array.
 pub fn encode<A: AsRef<[u8]>>(out: &mut Vec<u8>, argv: &[A]) {
     out.push(b'*');
-    push_decimal(out, argv.len() as u64);
+    put_int(out, argv.len() as i64);
     out.extend_from_slice(b"\r\n");
     for a in argv {
         let a = a.as_ref();
         out.push(b'$');
-        push_decimal(out, a.len() as u64);
+        put_int(out, a.len() as i64);
         out.extend_from_slice(b"\r\n");
         out.extend_from_slice(a);
         out.extend_from_slice(b"\r\n");
     }
-}
-
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut tmp = [0u8; 20];
-    let mut i = tmp.len();
-    loop {
-        i -= 1;
-        tmp[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&tmp[i..]);
 }
 
 pub fn select_bytes(db: usize) -> Vec<u8> {

@@ -22,7 +22,7 @@ use super::manifest::{self, FileEntry, Manifest, Names};
 use super::writer::ToWriter;
 use crate::commands::table;
 use crate::server::session::Session;
-use crate::shard::{unix_ms, Shared, Worker};
+use crate::shard::{Shared, Worker};
 
 /// Where the AOF lives, from the configuration.
 pub fn names(shared: &Shared) -> (Names, PathBuf) {
@@ -39,39 +39,16 @@ pub fn names(shared: &Shared) -> (Names, PathBuf) {
 }
 
 pub fn load_at_startup(shared: Arc<Shared>) {
-    let state = &shared.persist;
-    state.loading.store(true, Ordering::Release);
-    state
-        .loading_started_unix
-        .store(unix_ms() / 1000, Ordering::Relaxed);
-    state.refresh_gate(&shared);
-    let shared2 = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name("kite-aof-loader".into())
-        .spawn(move || {
-            let shared = shared2;
-            let started = std::time::Instant::now();
-            match load(&shared) {
-                Ok(commands) => {
-                    tracing::info!(
-                        "DB loaded from append only file: {:.3} seconds ({} commands replayed)",
-                        started.elapsed().as_secs_f64(),
-                        commands
-                    );
-                    shared.persist.loading.store(false, Ordering::Release);
-                    shared.persist.refresh_gate(&shared);
-                }
-                Err(e) => {
-                    tracing::error!("{e}");
-                    eprintln!("{e}");
-                    std::process::exit(1);
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        eprintln!("cannot start the AOF loader thread: {e}");
-        std::process::exit(1);
-    }
+    crate::persist::load::spawn_loader(shared, "kite-aof-loader", |shared| {
+        let started = std::time::Instant::now();
+        let commands = load(shared)?;
+        tracing::info!(
+            "DB loaded from append only file: {:.3} seconds ({} commands replayed)",
+            started.elapsed().as_secs_f64(),
+            commands
+        );
+        Ok(())
+    });
 }
 
 /// An RDB holding nothing: the base of a new AOF.

@@ -169,26 +169,25 @@ impl Writer {
                 let _ = done.send(r);
             }
             ToWriter::Close { done } => {
-                self.write_out();
-                self.make_durable(true);
-                let r = if self.state().write_ok.load(Ordering::Relaxed) {
-                    Ok(())
-                } else {
-                    Err(self.state().error_reply())
-                };
+                let r = self.sync_now();
                 self.open = None;
                 let _ = done.send(r);
             }
             ToWriter::Sync { done } => {
-                self.write_out();
-                self.make_durable(true);
-                let r = if self.state().write_ok.load(Ordering::Relaxed) {
-                    Ok(())
-                } else {
-                    Err(self.state().error_reply())
-                };
+                let r = self.sync_now();
                 let _ = done.send(r);
             }
+        }
+    }
+
+    /// Writes and fsyncs what is buffered, whatever the policy.
+    fn sync_now(&mut self) -> Result<(), String> {
+        self.write_out();
+        self.make_durable(true);
+        if self.state().write_ok.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(self.state().error_reply())
         }
     }
 
