@@ -2088,3 +2088,46 @@ fn kite_fsync_pause_holds_a_served_blocking_pop() {
         assert_eq!(b.read(), Resp::Integer(1), "{what}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// 15. Blocking commands in a file
+// ---------------------------------------------------------------------------
+
+/// An incr file holding blocking commands on keys that hold nothing (neither Redis nor
+/// Kite writes them, but a file is input like any other): the load runs their
+/// non-blocking forms and goes on, as Redis's loader does, instead of waiting for ever.
+#[test]
+fn blocking_commands_in_the_file_do_not_stop_the_load() {
+    for threads in [1, 4] {
+        let what = format!("--threads {threads}");
+        let dir = TempDir::new("aof-blocking-file");
+        let mut kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        assert_eq!(kite.client().cmd(&["SET", "before", "1"]), Resp::ok());
+        kill9(&mut kite);
+        drop(kite);
+        let incr = aof_dir(&dir).join(&last_incr(&manifest(&dir)).name);
+        let mut tail = Vec::new();
+        for cmd in [
+            vec!["BLPOP", "empty:a", "empty:b", "0"],
+            vec!["BLMOVE", "empty:a", "empty:c", "LEFT", "RIGHT", "0"],
+            vec!["BZPOPMIN", "empty:z", "0"],
+            vec!["XREAD", "BLOCK", "0", "STREAMS", "empty:s", "$"],
+            // Redis 7.0 aborts on a WAIT in its file; Kite runs it without waiting.
+            if kite_is_redis() {
+                vec!["PING"]
+            } else {
+                vec!["WAIT", "1", "0"]
+            },
+            vec!["SET", "after", "2"],
+        ] {
+            tail.extend_from_slice(&encode_command(&cmd));
+        }
+        let mut f = fs::OpenOptions::new().append(true).open(&incr).unwrap();
+        io::Write::write_all(&mut f, &tail).unwrap();
+        drop(f);
+        let kite = aof_server(&dir, threads, &["--appendfsync", "always"]);
+        let mut c = kite.client();
+        assert_eq!(c.cmd(&["GET", "before"]), Resp::bulk("1"), "{what}");
+        assert_eq!(c.cmd(&["GET", "after"]), Resp::bulk("2"), "{what}");
+    }
+}

@@ -490,7 +490,9 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
 /// Runs a validated command outside MULTI.
 pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
     if let Some(call) = cmd.block {
-        if !sess.in_exec {
+        // Inside EXEC, and while replaying the AOF, a blocking command runs its
+        // non-blocking form: a file must not be able to stop start-up for ever.
+        if !sess.in_exec && !sess.replaying {
             let start = crate::clock::Stopwatch::start();
             let flushed_before = sess.flushed_mid_command;
             let mark = sess.out.buf.len();

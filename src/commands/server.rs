@@ -835,7 +835,8 @@ async_handler!(wait, |sess, args| {
     if timeout < 0 {
         return sess.out.error("ERR timeout is negative");
     }
-    if replicas > 0 {
+    // The AOF replay never waits (a file could say WAIT 1 0).
+    if replicas > 0 && !sess.replaying {
         // Wait out the timeout, but stop at once if the client leaves or is killed.
         let sleep = async {
             match timeout {
