@@ -791,12 +791,11 @@ fn aof_info(shared: &crate::shard::Shared) -> String {
         let started = a.started.load(Ordering::Relaxed);
         let durable = a.durable.load(Ordering::Relaxed);
         s.push_str(&format!(
-            "aof_current_size:{}\r\naof_base_size:{}\r\naof_pending_rewrite:{}\r\naof_buffer_length:0\r\naof_pending_bio_fsync:{}\r\naof_delayed_fsync:{}\r\n",
+            "aof_current_size:{}\r\naof_base_size:{}\r\naof_pending_rewrite:{}\r\naof_buffer_length:0\r\naof_pending_bio_fsync:{}\r\naof_delayed_fsync:0\r\n",
             a.current_size.load(Ordering::Relaxed),
             a.base_size.load(Ordering::Relaxed),
             a.rewrite_scheduled.load(Ordering::Acquire) as u8,
             started.saturating_sub(durable),
-            a.delayed_fsync.load(Ordering::Relaxed),
         ));
     }
     s

@@ -66,7 +66,6 @@ pub struct AofState {
     pub current_size: AtomicU64,
     /// The stream's byte offset: every effect byte ever written.
     pub offset: AtomicU64,
-    pub delayed_fsync: AtomicU64,
     /// `current_size` after the last rewrite or load: the reference of
     /// auto-aof-rewrite-percentage.
     pub rewrite_base_size: AtomicU64,
@@ -92,7 +91,6 @@ impl Default for AofState {
             base_size: AtomicU64::new(0),
             current_size: AtomicU64::new(0),
             offset: AtomicU64::new(0),
-            delayed_fsync: AtomicU64::new(0),
             rewrite_base_size: AtomicU64::new(0),
             sender: OnceLock::new(),
         }

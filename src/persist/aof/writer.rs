@@ -70,8 +70,6 @@ struct Writer {
     /// Bytes not yet written (kept across a failed write, retried).
     pending: Vec<u8>,
     pending_pieces: u64,
-    /// Pieces received in all.
-    received: u64,
     /// Pieces written to the file but not yet fsynced.
     written_pieces: u64,
     unsynced: bool,
@@ -91,7 +89,6 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
                 open: None,
                 pending: Vec::with_capacity(1 << 16),
                 pending_pieces: 0,
-                received: 0,
                 written_pieces: 0,
                 unsynced: false,
                 barriers: Vec::new(),
@@ -192,7 +189,6 @@ impl Writer {
     }
 
     fn append(&mut self, p: Piece) {
-        self.received += 1;
         self.pending_pieces += 1;
         let Some(open) = &mut self.open else {
             // Captured while no file is open (the AOF was just switched off): dropped, as
