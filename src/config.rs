@@ -143,17 +143,98 @@ pub static PARAMS: &[Param] = &[
     p("rdb-version", Kind::Int(10, 11), "10", true, true),
     p("rdbchecksum", YESNO, "yes", false, true),
     p("rdb-del-sync-files", YESNO, "no", true, false),
-    p("replica-serve-stale-data", YESNO, "yes", true, false),
-    p("replica-read-only", YESNO, "yes", true, false),
-    p("repl-diskless-sync", YESNO, "yes", true, false),
+    // Replication (src/repl/).
+    Param {
+        alias: Some("slave-serve-stale-data"),
+        ..p("replica-serve-stale-data", YESNO, "yes", true, true)
+    },
+    Param {
+        alias: Some("slave-read-only"),
+        ..p("replica-read-only", YESNO, "yes", true, true)
+    },
+    p("repl-diskless-sync", YESNO, "yes", true, true),
     p(
         "repl-diskless-sync-delay",
         Kind::Int(0, I64MAX),
         "5",
         true,
+        true,
+    ),
+    p(
+        "repl-diskless-sync-max-replicas",
+        Kind::Int(0, I64MAX),
+        "0",
+        true,
         false,
     ),
-    p("repl-backlog-size", Kind::Memory, "1048576", true, false),
+    p(
+        "repl-diskless-load",
+        Kind::Enum(&["disabled", "on-empty-db", "swapdb"]),
+        "disabled",
+        true,
+        false,
+    ),
+    p("repl-backlog-size", Kind::Memory, "1048576", true, true),
+    p("repl-backlog-ttl", Kind::Int(0, I64MAX), "3600", true, true),
+    Param {
+        alias: Some("repl-ping-slave-period"),
+        ..p(
+            "repl-ping-replica-period",
+            Kind::Int(1, I64MAX),
+            "10",
+            true,
+            true,
+        )
+    },
+    p("repl-timeout", Kind::Int(1, I64MAX), "60", true, true),
+    p("repl-disable-tcp-nodelay", YESNO, "no", true, false),
+    Param {
+        alias: Some("slaveof"),
+        ..p("replicaof", Kind::Text, "", false, true)
+    },
+    p("masterauth", Kind::Text, "", true, true),
+    p("masteruser", Kind::Text, "", true, true),
+    Param {
+        alias: Some("min-slaves-to-write"),
+        ..p(
+            "min-replicas-to-write",
+            Kind::Int(0, I64MAX),
+            "0",
+            true,
+            true,
+        )
+    },
+    Param {
+        alias: Some("min-slaves-max-lag"),
+        ..p(
+            "min-replicas-max-lag",
+            Kind::Int(0, I64MAX),
+            "10",
+            true,
+            true,
+        )
+    },
+    Param {
+        alias: Some("slave-priority"),
+        ..p("replica-priority", Kind::Int(0, I64MAX), "100", true, true)
+    },
+    p("replica-announced", YESNO, "yes", true, true),
+    Param {
+        alias: Some("slave-announce-ip"),
+        ..p("replica-announce-ip", Kind::Text, "", true, true)
+    },
+    Param {
+        alias: Some("slave-announce-port"),
+        ..p(
+            "replica-announce-port",
+            Kind::Int(0, 65535),
+            "0",
+            true,
+            true,
+        )
+    },
+    p("replica-ignore-maxmemory", YESNO, "yes", true, false),
+    p("replica-lazy-flush", YESNO, "no", true, false),
     p("lazyfree-lazy-eviction", YESNO, "no", true, false),
     p("lazyfree-lazy-expire", YESNO, "no", true, false),
     p("lazyfree-lazy-server-del", YESNO, "no", true, false),

@@ -8,6 +8,7 @@ mod memory;
 mod persist;
 mod protocol;
 mod pubsub;
+mod repl;
 mod scripting;
 mod server;
 mod shard;
@@ -284,7 +285,9 @@ fn main() {
         busy_count: AtomicUsize::new(0),
         sync_calls: scripting::run::sync_queues(threads),
         persist: persist::State::new(),
+        repl: repl::ReplState::default(),
     });
+    repl::refresh_settings(&shared);
     memory::refresh(&shared);
     tracing::info!(
         "Kite {} ready: {} threads, port {}",

@@ -288,6 +288,19 @@ pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
     }
 }
 
+/// Whether a client is of a CLIENT LIST / CLIENT KILL `TYPE`.
+fn client_type_is(info: &crate::server::clients::ClientInfo, kind: &str) -> bool {
+    use crate::server::clients::{KIND_MASTER, KIND_NORMAL, KIND_REPLICA};
+    let pubsub = info.sub + info.psub > 0;
+    match kind {
+        "normal" => info.kind == KIND_NORMAL && !pubsub,
+        "pubsub" => info.kind == KIND_NORMAL && pubsub,
+        "replica" | "slave" => info.kind == KIND_REPLICA,
+        "master" => info.kind == KIND_MASTER,
+        _ => false,
+    }
+}
+
 /// A CLIENT KILL filter.
 #[derive(Clone, Default)]
 struct KillFilter {
@@ -296,7 +309,7 @@ struct KillFilter {
     laddr: Option<String>,
     user: Option<String>,
     maxage: Option<u64>,
-    /// TYPE filter: Some("normal"), Some("pubsub"), or a replication type (matches none).
+    /// TYPE filter: normal, pubsub, master, replica or slave.
     kind: Option<String>,
     skip_me: Option<u64>,
 }
@@ -438,14 +451,7 @@ async_handler!(client, |sess, args| {
                     .values()
                     .filter_map(|h| {
                         let info = h.info.borrow();
-                        let pubsub = info.sub + info.psub > 0;
-                        let keep = match kind.as_deref() {
-                            None => true,
-                            Some("normal") => !pubsub,
-                            Some("pubsub") => pubsub,
-                            // Kite has no replication links yet.
-                            Some(_) => false,
-                        };
+                        let keep = kind.as_deref().is_none_or(|k| client_type_is(&info, k));
                         keep.then(|| (info.id, info.line(now)))
                     })
                     .collect();
@@ -483,12 +489,7 @@ async_handler!(client, |sess, args| {
                         && f.maxage.is_none_or(|age| {
                             now.saturating_sub(info.created_unix_ms) / 1000 >= age
                         })
-                        && match f.kind.as_deref() {
-                            None => true,
-                            Some("normal") => info.sub + info.psub == 0,
-                            Some("pubsub") => info.sub + info.psub > 0,
-                            Some(_) => false,
-                        }
+                        && f.kind.as_deref().is_none_or(|k| client_type_is(&info, k))
                         && f.skip_me != Some(info.id);
                     if matches {
                         drop(info);

@@ -6,6 +6,7 @@ pub mod keys;
 pub mod lists;
 pub mod persistence;
 pub mod pubsub;
+pub mod replication;
 pub mod scripting;
 pub mod server;
 pub mod sets;
@@ -455,6 +456,28 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
             let msg = sess.worker.shared.persist.aof.error_reply();
             reject_command(sess, cmd, &msg);
             return;
+        }
+        if gate & crate::persist::GATE_REPL != 0 && !sess.replaying {
+            let shared = &sess.worker.shared;
+            if !cmd.has(flags::STALE)
+                && !subcommand_has(cmd, &args, "stale")
+                && crate::repl::stale_refused(shared)
+            {
+                reject_command(sess, cmd, crate::repl::MASTERDOWN_ERR);
+                return;
+            }
+            let writes = cmd.has(flags::WRITE)
+                || (cmd.name == "exec"
+                    && sess
+                        .multi
+                        .as_ref()
+                        .is_some_and(|m| m.queued.iter().any(|(c, _)| c.has(flags::WRITE))));
+            if writes {
+                if let Some(msg) = crate::repl::write_refusal(shared) {
+                    reject_command(sess, cmd, msg);
+                    return;
+                }
+            }
         }
     }
     if sess

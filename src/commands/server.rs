@@ -276,13 +276,16 @@ async_handler!(info, |sess, args| {
     if show("stats") {
         let _ = write!(
             s,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\n\r\n",
             sum(12),
             sum(0),
             reports.iter().map(|r| r.ops_per_sec).sum::<u64>(),
             sum(14),
             sum(15),
             sum(13),
+            shared.repl.sync_full.load(Ordering::Relaxed),
+            shared.repl.sync_partial_ok.load(Ordering::Relaxed),
+            shared.repl.sync_partial_err.load(Ordering::Relaxed),
             sum(9),
             sum(10),
             sum(11),
@@ -292,11 +295,7 @@ async_handler!(info, |sess, args| {
         );
     }
     if show("replication") {
-        let _ = write!(
-            s,
-            "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:0000000000000000000000000000000000000000\r\nmaster_repl_offset:0\r\nsecond_repl_offset:-1\r\nrepl_backlog_active:0\r\nrepl_backlog_size:1048576\r\nrepl_backlog_first_byte_offset:0\r\nrepl_backlog_histlen:0\r\n\r\n",
-            shared.run_id
-        );
+        s.push_str(&crate::repl::info_section(&shared));
     }
     if show("cpu") {
         let (sys, user) = rusage();
@@ -463,7 +462,7 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                     shared.tunables.refresh(&config);
                     drop(config);
                     crate::persist::aof::rewrite::on_config_change(&sess.worker);
-                    shared.persist.refresh_gate(&shared);
+                    crate::repl::refresh_settings(&shared);
                     sess.out.ok();
                 }
                 Err(e) => {
@@ -769,7 +768,7 @@ pub fn lastsave(sess: &mut Session, _args: &[Bytes]) {
 /// INFO persistence's AOF fields, as Redis 7 names them.
 fn aof_info(shared: &crate::shard::Shared) -> String {
     let a = &shared.persist.aof;
-    let on = a.is_on();
+    let on = a.file_on();
     let rewriting = a.rewrite_in_progress.load(Ordering::Acquire);
     let cur_secs = if rewriting {
         (unix_ms() / 1000).saturating_sub(a.rewrite_started_unix.load(Ordering::Relaxed)) as i64
@@ -820,46 +819,6 @@ const DEBUG_HELP: &[&str] = &[
 // WAIT numreplicas timeout: Kite has no replicas, so the answer is always 0 replicas,
 // given at once when none is asked for and after the timeout otherwise (0: never), as
 // Redis does without replicas.
-async_handler!(wait, |sess, args| {
-    let parse = |b: &Bytes| {
-        std::str::from_utf8(b)
-            .ok()
-            .and_then(|s| s.parse::<i64>().ok())
-    };
-    let (Some(replicas), Some(timeout)) = (parse(&args[1]), parse(&args[2])) else {
-        return sess
-            .out
-            .error("ERR value is not an integer or out of range");
-    };
-    if timeout < 0 {
-        return sess.out.error("ERR timeout is negative");
-    }
-    // The AOF replay never waits (a file could say WAIT 1 0).
-    if replicas > 0 && !sess.replaying {
-        // Wait out the timeout, but stop at once if the client leaves or is killed.
-        let sleep = async {
-            match timeout {
-                0 => std::future::pending().await,
-                ms => tokio::time::sleep(std::time::Duration::from_millis(ms as u64)).await,
-            }
-        };
-        tokio::pin!(sleep);
-        let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
-        loop {
-            tokio::select! {
-                _ = &mut sleep => break,
-                _ = handle.wake.notified() => if handle.killed.get() { return },
-                r = crate::server::io::read_some(stream.as_deref(), &mut sess.stash) => {
-                    if matches!(r, Ok(0) | Err(_)) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-    sess.out.int(0);
-});
-
 async_handler!(debug, |sess, args| {
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match (sub.as_str(), args.len()) {

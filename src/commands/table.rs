@@ -4,8 +4,8 @@
 use bytes::Bytes;
 
 use super::{
-    connection as conn, hashes, keys, lists, persistence, pubsub, scripting, server, sets, streams,
-    strings, transactions as tx, zsets,
+    connection as conn, hashes, keys, lists, persistence, pubsub, replication, scripting, server,
+    sets, streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -115,7 +115,14 @@ pub fn all() -> Vec<Command> {
             server::COMMAND_SUBCOMMANDS,
         ),
         c("time", 1, "loading stale fast", NONE, "server", "2.6.0", "Returns the server time.", Conn(server::time)),
-        c("wait", 3, "", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge writes (there are none).", Async(server::wait)),
+        c("wait", 3, "noscript", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge the connection's writes.", Async(replication::wait)),
+        // Replication
+        c("replicaof", 3, "admin noscript stale no_async_loading", NONE, "server", "5.0.0", "Makes the server a replica of another, or promotes it to a master.", Async(replication::replicaof)),
+        c("slaveof", 3, "admin noscript stale no_async_loading", NONE, "server", "1.0.0", "Makes the server a replica of another, or promotes it to a master (the old name).", Async(replication::replicaof)),
+        c("role", 1, "noscript loading stale fast", NONE, "server", "2.8.12", "Says whether this server is a master or a replica, with its replication state.", Async(replication::role)),
+        c("replconf", -1, "admin noscript loading stale allow_busy", NONE, "server", "3.0.0", "An internal command for configuring the replication stream.", Conn(replication::replconf)),
+        c("psync", -3, "admin noscript no_async_loading no_multi", NONE, "server", "2.8.0", "An internal command used in replication.", Async(replication::psync)),
+        c("sync", 1, "admin noscript no_async_loading no_multi", NONE, "server", "1.0.0", "An internal command used in replication.", Async(replication::sync)),
         c("lastsave", 1, "loading stale fast", NONE, "server", "1.0.0", "Returns the unix time of the last save.", Conn(server::lastsave)),
         c("debug", -2, "admin noscript loading stale", NONE, "server", "1.0.0", "Debugging helpers.", Async(server::debug)),
         c("shutdown", -1, "admin noscript loading stale no_multi allow_busy", NONE, "server", "1.0.0", "Stops the server.", Async(persistence::shutdown)),

@@ -25,6 +25,8 @@ pub struct Loaded {
     pub expired_skipped: u64,
     /// Where the RDB ended in the file (an AOF base may go on with commands after it).
     pub end: u64,
+    /// The AUX fields (a replication sync's `repl-stream-db` among them).
+    pub aux: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 fn send_batch(shared: &Shared, shard: usize, batch: Vec<Item>) {
@@ -88,6 +90,7 @@ pub fn load_file(shared: &Arc<Shared>, path: &Path) -> Result<Option<Loaded>, St
         keys: 0,
         expired_skipped: 0,
         end: 0,
+        aux: Vec::new(),
     };
     let now = unix_ms();
     let mut libraries = Vec::new();
@@ -117,6 +120,7 @@ pub fn load_file(shared: &Arc<Shared>, path: &Path) -> Result<Option<Loaded>, St
                     String::from_utf8_lossy(&k),
                     String::from_utf8_lossy(&v)
                 );
+                loaded.aux.push((k, v));
             }
             Record::Function(code) => libraries.push((code, offset)),
             Record::Key(k) => {

@@ -44,6 +44,9 @@ pub const GATE_LOADING: u8 = 1;
 pub const GATE_MISCONF: u8 = 2;
 /// The AOF could not write or fsync: writes are refused until it can.
 pub const GATE_AOF: u8 = 4;
+/// Replication may refuse a command: a (read-only) replica, a replica whose link is down
+/// with `replica-serve-stale-data no`, or `min-replicas-to-write`.
+pub const GATE_REPL: u8 = 8;
 
 impl State {
     pub fn new() -> State {
@@ -65,8 +68,11 @@ impl State {
                 gate |= GATE_MISCONF;
             }
         }
-        if self.aof.is_on() && !self.aof.write_ok.load(Ordering::Acquire) {
+        if self.aof.file_on() && !self.aof.write_ok.load(Ordering::Acquire) {
             gate |= GATE_AOF;
+        }
+        if crate::repl::gate_wanted(shared) {
+            gate |= GATE_REPL;
         }
         self.gate.store(gate, Ordering::Release);
     }

@@ -24,6 +24,12 @@ const IO_BUFFER: usize = 128 * 1024;
 
 /// The file's opening: magic, version, AUX fields and the FUNCTION libraries.
 pub fn header(opts: &Options) -> Vec<u8> {
+    header_with(opts, &[])
+}
+
+/// The opening with extra AUX fields (a replication sync adds `repl-stream-db`,
+/// `repl-id` and `repl-offset`, as Redis does).
+pub fn header_with(opts: &Options, extra: &[(String, Vec<u8>)]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(format!("REDIS{:04}", opts.version).as_bytes());
     let mut aux = |k: &str, v: &[u8]| {
@@ -39,6 +45,9 @@ pub fn header(opts: &Options) -> Vec<u8> {
     aux("ctime", (unix_ms() / 1000).to_string().as_bytes());
     aux("used-mem", b"0");
     aux("aof-base", b"0");
+    for (k, v) in extra {
+        aux(k, v);
+    }
     for lib in crate::scripting::registry().snapshot() {
         out.push(op::FUNCTION2);
         put_string(&mut out, &lib.code, opts);
@@ -46,14 +55,14 @@ pub fn header(opts: &Options) -> Vec<u8> {
     out
 }
 
-/// The main file, with the running checksum of what went into it.
-struct Output {
-    file: BufWriter<File>,
+/// The main file (or a replica's socket), with the running checksum of what went into it.
+struct Output<W: Write> {
+    file: W,
     crc: crc::Digest<'static, u64, crc::Table<16>>,
     written: u64,
 }
 
-impl Output {
+impl<W: Write> Output<W> {
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.crc.update(b);
         self.written += b.len() as u64;
@@ -104,10 +113,44 @@ pub fn write_file(
     let dir = path.parent().unwrap_or(Path::new("."));
     let stamp = format!("{}-{}", std::process::id(), unix_ms());
     let tmp = dir.join(format!("temp-{stamp}.rdb"));
+    let result = File::create(&tmp).and_then(|f| {
+        let out = BufWriter::with_capacity(IO_BUFFER, f);
+        let (out, n) = write_to(out, dir, &stamp, head, messages, checksum, opts)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(n)
+    });
+    match result {
+        Ok(n) => {
+            std::fs::rename(&tmp, path)?;
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Writes the whole RDB to `out` (a file, or a replica's socket for a diskless sync);
+/// large records' parts wait in temporary files in `dir`. Returns `out` and the bytes
+/// written.
+pub fn write_to<W: Write>(
+    out: W,
+    dir: &Path,
+    stamp: &str,
+    head: Vec<u8>,
+    messages: Receiver<Msg>,
+    checksum: bool,
+    opts: Options,
+) -> std::io::Result<(W, u64)> {
     let mut parts: BTreeMap<u64, PartFile> = BTreeMap::new();
     let result = (|| {
         let mut out = Output {
-            file: BufWriter::with_capacity(IO_BUFFER, File::create(&tmp)?),
+            file: out,
             crc: CRC64.digest(),
             written: 0,
         };
@@ -168,24 +211,11 @@ pub fn write_file(
             0
         };
         out.file.write_all(&sum.to_le_bytes())?;
-        let file = out.file.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        Ok(out.written + 8)
+        out.file.flush()?;
+        Ok((out.file, out.written + 8))
     })();
     for part in parts.values() {
         let _ = std::fs::remove_file(&part.path);
     }
-    match result {
-        Ok(n) => {
-            std::fs::rename(&tmp, path)?;
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
-            }
-            Ok(n)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
+    result
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::rdb::write::Options;
-use super::rdbfile::{header, write_file};
+use super::rdbfile::{header_with, write_file, write_to};
 use super::serialize::{begin_on_shard, Msg};
 use crate::shard::tx::Tx;
 use crate::shard::{broadcast, unix_ms, Worker};
@@ -42,7 +42,7 @@ pub fn write_options(worker: &Worker) -> (Options, bool) {
 }
 
 /// Claims the right to take a snapshot: only one runs at a time.
-pub(super) fn claim(worker: &Worker) -> Result<(), String> {
+pub(crate) fn claim(worker: &Worker) -> Result<(), String> {
     worker
         .shared
         .persist
@@ -62,7 +62,7 @@ pub async fn save(worker: &Rc<Worker>) -> Result<(), String> {
     // client gone), the snapshot still ends and releases its claim.
     tokio::task::spawn_local(async move {
         let path = rdb_path(&w);
-        let r = match cut(&w, path, None).await {
+        let r = match cut(&w, Target::File(path), None).await {
             Ok(c) => finish(&w, c).await,
             Err(e) => Err(e),
         };
@@ -82,7 +82,7 @@ pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
     let w = worker.clone();
     tokio::task::spawn_local(async move {
         let path = rdb_path(&w);
-        match cut(&w, path, None).await {
+        match cut(&w, Target::File(path), None).await {
             Ok(c) => {
                 let _ = made.send(Ok(()));
                 let _ = finish(&w, c).await;
@@ -98,7 +98,7 @@ pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
 }
 
 /// A snapshot whose cut is made and whose file is being written.
-pub(super) struct Cut {
+pub(crate) struct Cut {
     pub started: Instant,
     pub path: PathBuf,
     /// Each shard's write counter at the cut.
@@ -107,14 +107,52 @@ pub(super) struct Cut {
 }
 
 /// What runs at the cut, while every shard is still locked (an AOF rewrite switches to a
-/// new incremental file there).
-pub(super) type AtCut = Box<dyn FnOnce(&Rc<Worker>)>;
+/// new incremental file there, a replica is attached to the stream there). It returns
+/// AUX fields for the file's header.
+pub(crate) type AtCut = Box<dyn FnOnce(&Rc<Worker>) -> Vec<(String, Vec<u8>)>>;
+
+/// Where a snapshot goes.
+pub(crate) enum Target {
+    File(PathBuf),
+    /// A diskless replication sync: the RDB goes to a replica's link in chunks as it is
+    /// made.
+    Channel(tokio::sync::mpsc::Sender<bytes::Bytes>),
+}
+
+/// The RDB writer's end of a diskless sync: chunks for the replica's link; blocks the
+/// snapshot writer thread (never a shard) while the replica is slow.
+struct ChannelSink {
+    tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    buf: Vec<u8>,
+}
+
+const CHUNK: usize = 64 * 1024;
+
+impl std::io::Write for ChannelSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(b);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = bytes::Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx.blocking_send(chunk).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the replica went away")
+        })
+    }
+}
 
 /// Starts the writer thread and makes the cut (see the module comment). The caller holds
 /// the claim.
-pub(super) async fn cut(
+pub(crate) async fn cut(
     worker: &Rc<Worker>,
-    path: PathBuf,
+    target: Target,
     at_cut: Option<AtCut>,
 ) -> Result<Cut, String> {
     let state = &worker.shared.persist;
@@ -127,7 +165,14 @@ pub(super) async fn cut(
     let (done_tx, done_rx) = oneshot::channel();
     // The header holds the FUNCTION libraries: taken at the cut, not before it.
     let (head_tx, head_rx) = mpsc::sync_channel::<Vec<u8>>(1);
-    let writer_path = path.clone();
+    let path = match &target {
+        Target::File(p) => p.clone(),
+        Target::Channel(_) => PathBuf::from("(a replica's link)"),
+    };
+    let dir = {
+        let c = worker.shared.config.lock().expect("config lock");
+        PathBuf::from(c.get("dir"))
+    };
     let spawned = std::thread::Builder::new()
         .name("kite-rdb-writer".into())
         .spawn(move || {
@@ -136,9 +181,17 @@ pub(super) async fn cut(
             unsafe {
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
             }
-            let written = match head_rx.recv() {
-                Ok(head) => write_file(&writer_path, head, chunks, checksum, opts),
-                Err(_) => Err(std::io::Error::other("the snapshot was abandoned")),
+            let written = match (head_rx.recv(), target) {
+                (Ok(head), Target::File(path)) => write_file(&path, head, chunks, checksum, opts),
+                (Ok(head), Target::Channel(tx)) => {
+                    let sink = ChannelSink {
+                        tx,
+                        buf: Vec::with_capacity(CHUNK),
+                    };
+                    let stamp = format!("{}-{}", std::process::id(), unix_ms());
+                    write_to(sink, &dir, &stamp, head, chunks, checksum, opts).map(|(_, n)| n)
+                }
+                (Err(_), _) => Err(std::io::Error::other("the snapshot was abandoned")),
             };
             let _ = done_tx.send(written);
         });
@@ -151,10 +204,11 @@ pub(super) async fn cut(
     // An AOF rewrite switches files before the FUNCTION libraries are read: a library
     // loaded meanwhile is then in the base or logged after the switch (or both, which
     // replays harmlessly), never in neither.
-    if let Some(f) = at_cut {
-        f(worker);
-    }
-    let _ = head_tx.send(header(&opts));
+    let aux = match at_cut {
+        Some(f) => f(worker),
+        None => Vec::new(),
+    };
+    let _ = head_tx.send(header_with(&opts, &aux));
     drop(tx);
     Ok(Cut {
         started,
@@ -298,7 +352,7 @@ pub async fn shutdown(worker: &Rc<Worker>, save: Option<bool>, force: bool) -> R
             }
         }
     }
-    if worker.shared.persist.aof.is_on() {
+    if worker.shared.persist.aof.file_on() {
         // Everything logged reaches the disk before the process goes.
         let (done, wait) = oneshot::channel();
         worker

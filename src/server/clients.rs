@@ -33,7 +33,13 @@ pub struct ClientInfo {
     pub sub: usize,
     pub psub: usize,
     pub user: &'static str,
+    /// KIND_NORMAL, or a replication link (CLIENT LIST flags S and M, CLIENT KILL TYPE).
+    pub kind: u8,
 }
+
+pub const KIND_NORMAL: u8 = 0;
+pub const KIND_REPLICA: u8 = 1;
+pub const KIND_MASTER: u8 = 2;
 
 impl ClientInfo {
     pub fn new(id: u64, addr: String, laddr: String, fd: i32) -> ClientInfo {
@@ -60,6 +66,7 @@ impl ClientInfo {
             sub: 0,
             psub: 0,
             user: "default",
+            kind: KIND_NORMAL,
         }
     }
 
@@ -68,6 +75,11 @@ impl ClientInfo {
         let age = now_ms.saturating_sub(self.created_unix_ms) / 1000;
         let idle = now_ms.saturating_sub(self.last_interaction_unix_ms) / 1000;
         let mut flags = String::new();
+        match self.kind {
+            KIND_REPLICA => flags.push('S'),
+            KIND_MASTER => flags.push('M'),
+            _ => {}
+        }
         if self.monitor {
             flags.push('O');
         }

@@ -135,6 +135,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         unflushed_replies: 0,
         unflushed_write: false,
         replaying: false,
+        replconf: None,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -231,7 +232,7 @@ pub async fn await_durable(sess: &mut Session) {
     let replies = std::mem::take(&mut sess.unflushed_replies);
     let wrote = std::mem::take(&mut sess.unflushed_write);
     let aof = &sess.worker.shared.persist.aof;
-    if !wrote || !aof.is_on() || !aof.always() {
+    if !wrote || !aof.file_on() || !aof.always() {
         return;
     }
     if crate::persist::aof::barrier(aof).await {

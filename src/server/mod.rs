@@ -33,6 +33,20 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
     crate::persist::aof::writer::start(shared.clone())?;
     // The dataset on disk is read while clients already connect (they get -LOADING).
     crate::persist::load::load_at_startup(shared.clone());
+    // The `replicaof` line: follow that master from the start (the link waits for the
+    // threads' mailboxes, set above).
+    let replicaof = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .get("replicaof")
+        .to_string();
+    if let Some((host, port)) = replicaof.trim().split_once(' ') {
+        match port.trim().parse::<u16>() {
+            Ok(port) => crate::repl::replica::follow(&shared, host.to_string(), port),
+            Err(_) => tracing::warn!("Ignoring the replicaof line '{replicaof}': bad port"),
+        }
+    }
     let mut listeners = Some(listeners);
     let mut handles = Vec::with_capacity(n);
     for (id, rx) in receivers.into_iter().enumerate() {
@@ -133,10 +147,12 @@ async fn housekeeping(worker: Rc<Worker>) {
         ticks += 1;
         if worker.id == 0 && ticks.is_multiple_of(10) {
             crate::persist::snapshot::cron(&worker).await;
+            crate::repl::cron(&worker.shared);
         }
         crate::clock::resync();
         let now = unix_ms();
-        if worker.shared.active_expire.load(Ordering::Relaxed) {
+        // A replica expires nothing itself: its master's DELs do (docs/replication.md).
+        if worker.shared.active_expire.load(Ordering::Relaxed) && !worker.shared.repl.is_replica() {
             active_expire(&worker, now);
             crate::shard::after_command(&worker);
         }

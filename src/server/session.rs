@@ -61,8 +61,11 @@ pub struct Session {
     /// have written (the write barrier of `appendfsync always`).
     pub unflushed_replies: usize,
     pub unflushed_write: bool,
-    /// The AOF replay at start-up: runs while clients get -LOADING.
+    /// The AOF replay at start-up, or a replica applying its master's stream: runs
+    /// while clients get -LOADING, may write on a read-only replica, never blocks.
     pub replaying: bool,
+    /// What a replica said with REPLCONF before PSYNC.
+    pub replconf: Option<Box<crate::repl::master::ReplConf>>,
 }
 
 impl Session {
@@ -95,6 +98,7 @@ impl Session {
             unflushed_replies: 0,
             unflushed_write: false,
             replaying: false,
+            replconf: None,
         }
     }
 

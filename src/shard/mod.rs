@@ -70,6 +70,8 @@ pub struct Shared {
     pub sync_calls: Vec<Mutex<VecDeque<Msg>>>,
     /// Snapshots and loading (`persist::State`).
     pub persist: crate::persist::State,
+    /// Replication ids, offsets and links (`repl::ReplState`).
+    pub repl: crate::repl::ReplState,
 }
 
 impl Shared {
@@ -110,6 +112,7 @@ impl Shared {
             busy_count: AtomicUsize::new(0),
             sync_calls: crate::scripting::run::sync_queues(nshards),
             persist: crate::persist::State::new(),
+            repl: crate::repl::ReplState::default(),
         })
     }
 
@@ -272,6 +275,9 @@ pub struct Shard {
     pub dirty: u64,
     /// `dirty` when the last successful snapshot cut this shard.
     pub dirty_saved: u64,
+    /// The running command is a write: on a replica it still sees keys whose time has
+    /// passed (only the master's DEL removes them).
+    pub writing: bool,
     rng: Cell<u64>,
     pub shared: Arc<Shared>,
     /// Slow commands and latency events of this thread.
@@ -306,6 +312,7 @@ impl Shard {
             dirty_saved: 0,
             aof: Default::default(),
             aof_defers: 0,
+            writing: false,
             ops_samples: VecDeque::new(),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
@@ -411,6 +418,15 @@ impl Shard {
             Some(e) => e.is_expired(now_ms),
         };
         if expired {
+            if self.shared.repl.is_replica() {
+                // A replica's keys go only when its master says so. Until then a write
+                // (the master's) still sees the key, a read does not.
+                return if self.writing {
+                    self.dbs[db].table.get_mut(key)
+                } else {
+                    None
+                };
+            }
             self.expire_key(db, key);
             return None;
         }
@@ -491,6 +507,9 @@ impl Shard {
 
     /// Removes a key whose time has come, as Redis does when it finds one.
     pub fn expire_key(&mut self, db: usize, key: &[u8]) {
+        if self.shared.repl.is_replica() {
+            return;
+        }
         if self.dbs[db].table.remove(key).is_some() {
             self.log_effect(db, &[b"DEL".as_slice(), key]);
             self.stats.expired_keys += 1;
@@ -815,6 +834,7 @@ pub fn exec_here(
     let start_len = out.buf.len();
     let started = crate::clock::Stopwatch::start();
     let dirty_before = shard.dirty;
+    shard.writing = cmd.has(crate::commands::flags::WRITE);
     let (effect, now_ms) = {
         let mut ctx = shard.ctx(db, out);
         ctx.no_touch = no_touch;

@@ -43,8 +43,10 @@ pub const FAULT_FAIL: u8 = 2;
 /// What every thread may read about the AOF. The command path reads `on` (one relaxed
 /// load per write) and, under `always`, `started`/`durable`.
 pub struct AofState {
-    /// Effects are captured: `appendonly yes` and the start-up load is over.
+    /// The AOF files are written: `appendonly yes` and the start-up load is over.
     pub on: AtomicBool,
+    /// A replication backlog exists: effects feed it even with the AOF off.
+    pub repl: AtomicBool,
     pub policy: AtomicU8,
     /// Pieces handed to the writer, counted before each is sent.
     pub started: AtomicU64,
@@ -76,6 +78,7 @@ impl Default for AofState {
     fn default() -> Self {
         AofState {
             on: AtomicBool::new(false),
+            repl: AtomicBool::new(false),
             policy: AtomicU8::new(FSYNC_EVERYSEC),
             started: AtomicU64::new(0),
             durable: AtomicU64::new(0),
@@ -103,7 +106,14 @@ thread_local! {
 }
 
 impl AofState {
+    /// Whether writes must capture their effects: for the files, the replication stream,
+    /// or both.
     pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed) || self.repl.load(Ordering::Relaxed)
+    }
+
+    /// Whether the AOF files themselves are written (`appendonly yes`).
+    pub fn file_on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 

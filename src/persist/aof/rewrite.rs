@@ -94,7 +94,7 @@ async fn run(worker: &Rc<Worker>) -> Result<(), String> {
     } else {
         temp.with_extension("rdb")
     };
-    let enabling = !shared.persist.aof.is_on();
+    let enabling = !shared.persist.aof.file_on();
     let (switched_tx, switched) = oneshot::channel();
     let layout = Names {
         dir: names.dir.clone(),
@@ -128,8 +128,14 @@ async fn run(worker: &Rc<Worker>) -> Result<(), String> {
         } else {
             st.send(ToWriter::Rotate { done: switched_tx });
         }
+        Vec::new()
     });
-    let cut = snapshot::cut(worker, snapshot_path.clone(), Some(at_cut)).await?;
+    let cut = snapshot::cut(
+        worker,
+        snapshot::Target::File(snapshot_path.clone()),
+        Some(at_cut),
+    )
+    .await?;
     let mut written = cut
         .written
         .await
@@ -185,12 +191,12 @@ pub fn on_config_change(worker: &Rc<Worker>) {
         .expect("config lock")
         .get_bool("appendonly");
     let st = &shared.persist.aof;
-    let on = st.is_on() || st.rewrite_in_progress.load(Ordering::Acquire);
+    let on = st.file_on() || st.rewrite_in_progress.load(Ordering::Acquire);
     if want && !on {
         if shared.persist.bgsave_in_progress.load(Ordering::Acquire) || start(worker).is_err() {
             st.rewrite_scheduled.store(true, Ordering::Release);
         }
-    } else if !want && st.is_on() {
+    } else if !want && st.file_on() {
         st.on.store(false, Ordering::Release);
         let (done, _) = oneshot::channel();
         st.send(ToWriter::Close { done });
@@ -214,14 +220,14 @@ pub fn cron(worker: &Rc<Worker>) {
         .expect("config lock")
         .get_bool("appendonly");
     if st.rewrite_scheduled.load(Ordering::Acquire) {
-        if want || st.is_on() {
+        if want || st.file_on() {
             let _ = start(worker);
         } else {
             st.rewrite_scheduled.store(false, Ordering::Release);
         }
         return;
     }
-    if !st.is_on() {
+    if !st.file_on() {
         return;
     }
     let (percentage, min_size) = {

@@ -53,6 +53,8 @@ pub enum ToWriter {
     Sync {
         done: Done,
     },
+    /// Replication: attach or continue a replica, offsets, the master's bytes on a replica.
+    Repl(crate::repl::stream::ReplMsg),
 }
 
 struct Open {
@@ -76,6 +78,9 @@ struct Writer {
     barriers: Vec<tokio::sync::oneshot::Sender<bool>>,
     last_fsync: Instant,
     last_retry: Instant,
+    /// The replication stream and backlog (src/repl/stream.rs).
+    stream: crate::repl::stream::Stream,
+    last_tick: Instant,
 }
 
 pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
@@ -85,6 +90,8 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
         .name("kite-aof-writer".into())
         .spawn(move || {
             let mut w = Writer {
+                stream: crate::repl::stream::Stream::new(shared.clone()),
+                last_tick: Instant::now(),
                 shared,
                 open: None,
                 pending: Vec::with_capacity(1 << 16),
@@ -141,6 +148,11 @@ impl Writer {
             }
             self.write_out();
             self.make_durable(false);
+            self.stream.flush();
+            if self.last_tick.elapsed() >= Duration::from_millis(100) {
+                self.last_tick = Instant::now();
+                self.stream.tick();
+            }
         }
     }
 
@@ -174,6 +186,7 @@ impl Writer {
                 let r = self.sync_now();
                 let _ = done.send(r);
             }
+            ToWriter::Repl(m) => self.stream.handle(m),
         }
     }
 
@@ -190,6 +203,7 @@ impl Writer {
 
     fn append(&mut self, p: Piece) {
         self.pending_pieces += 1;
+        self.stream.piece(&p);
         let Some(open) = &mut self.open else {
             // Captured while no file is open (the AOF was just switched off): dropped, as
             // Redis drops its buffer.

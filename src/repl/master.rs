@@ -1,0 +1,438 @@
+//! The master's side: a connection that sends PSYNC or SYNC becomes a replica's feed.
+//! It gets a partial resync from the backlog when its offset allows, else a snapshot
+//! (from disk or diskless) followed by the stream from the snapshot's cut. Also WAIT,
+//! which counts the replicas whose ACKs reached the caller's offset.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::oneshot;
+
+use super::stream::{Attached, Feed, ReplMsg};
+use super::{ReplicaEntry, REPLICA_ONLINE, REPLICA_SEND_BULK, REPLICA_WAIT_BGSAVE};
+use crate::persist::aof::writer::ToWriter;
+use crate::persist::snapshot::{self, Target};
+use crate::protocol::parse::{ParseLimits, RequestParser};
+use crate::server::io;
+use crate::server::session::Session;
+use crate::shard::{unix_ms, Worker};
+
+/// What a replica said with REPLCONF before PSYNC.
+#[derive(Default, Clone)]
+pub struct ReplConf {
+    pub listening_port: u16,
+    pub ip: Option<String>,
+    pub capa_eof: bool,
+    pub capa_psync2: bool,
+}
+
+fn send(worker: &Worker, m: ReplMsg) {
+    worker.shared.persist.aof.send(ToWriter::Repl(m));
+}
+
+/// Serves a replica on this connection until it goes. `psync`: the id and offset it
+/// asked for (None for the old SYNC).
+pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
+    let worker = sess.worker.clone();
+    let shared = worker.shared.clone();
+    if shared.repl.is_replica() && !shared.repl.link_up() {
+        return sess.error("NOMASTERLINK Can't SYNC while not connected with my master");
+    }
+    // Replies written so far (pipelined before PSYNC) go out first.
+    if !sess.out.buf.is_empty() {
+        let out = std::mem::take(&mut sess.out.buf);
+        if io::write_all(sess.stream.as_deref(), &out).await.is_err() {
+            sess.close_after_reply = true;
+            return;
+        }
+    }
+    sess.close_after_reply = true;
+    let conf = sess.replconf.as_deref().cloned().unwrap_or_default();
+    let addr = sess.handle.info.borrow().addr.clone();
+    let ip = conf.ip.clone().unwrap_or_else(|| {
+        addr.rsplit_once(':').map_or(addr.clone(), |(h, _)| {
+            h.trim_matches(['[', ']']).to_string()
+        })
+    });
+    let entry = Arc::new(ReplicaEntry {
+        client_id: sess.id,
+        ip,
+        port: (conf.listening_port as u64).into(),
+        state: REPLICA_WAIT_BGSAVE.into(),
+        ack_offset: 0.into(),
+        fack_offset: 0.into(),
+        last_ack_ms: unix_ms().into(),
+    });
+    sess.handle.info.borrow_mut().kind = crate::server::clients::KIND_REPLICA;
+    shared
+        .repl
+        .replicas
+        .lock()
+        .expect("replicas lock")
+        .push(entry.clone());
+    let (feed, rx, queued) = Feed::new(entry.clone());
+    let fed = match attach(sess, &worker, &conf, psync, feed).await {
+        Ok(()) => {
+            entry.state.store(REPLICA_ONLINE, Ordering::Relaxed);
+            entry.last_ack_ms.store(unix_ms(), Ordering::Relaxed);
+            tracing::info!(
+                "Synchronization with replica {}:{} succeeded",
+                entry.ip,
+                entry.port.load(Ordering::Relaxed)
+            );
+            feed_loop(sess, &entry, rx, &queued).await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = fed {
+        tracing::info!(
+            "Connection with replica {}:{} lost: {e}",
+            entry.ip,
+            entry.port.load(Ordering::Relaxed)
+        );
+    }
+    send(&worker, ReplMsg::Detach(sess.id));
+    shared
+        .repl
+        .replicas
+        .lock()
+        .expect("replicas lock")
+        .retain(|r| r.client_id != sess.id);
+}
+
+/// Continues from the backlog, or sends a snapshot; the stream after it is queued in
+/// the feed.
+async fn attach(
+    sess: &mut Session,
+    worker: &Rc<Worker>,
+    conf: &ReplConf,
+    psync: Option<(String, u64)>,
+    feed: Feed,
+) -> Result<(), String> {
+    let shared = worker.shared.clone();
+    let stream = sess.stream.clone();
+    let stream = stream.as_deref();
+    let mut feed = Some(feed);
+    if let Some((replid, from)) = &psync {
+        if replid != "?" {
+            let (reply, answer) = oneshot::channel();
+            send(
+                worker,
+                ReplMsg::Continue {
+                    replid: replid.clone(),
+                    from: *from,
+                    feed: feed.take().expect("feed"),
+                    reply,
+                },
+            );
+            match answer.await.map_err(|_| "the writer stopped")? {
+                Ok(id) => {
+                    shared.repl.sync_partial_ok.fetch_add(1, Ordering::Relaxed);
+                    let line = if conf.capa_psync2 {
+                        format!("+CONTINUE {id}\r\n")
+                    } else {
+                        "+CONTINUE\r\n".to_string()
+                    };
+                    io::write_all(stream, line.as_bytes())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    tracing::info!("Partial resynchronization request from replica accepted, continuing from offset {from}");
+                    return Ok(());
+                }
+                Err(back) => {
+                    shared.repl.sync_partial_err.fetch_add(1, Ordering::Relaxed);
+                    feed = Some(back);
+                }
+            }
+        }
+    }
+    let feed = feed.expect("feed");
+    full_sync(sess, worker, conf, psync.is_some(), feed).await
+}
+
+/// A full resync: a snapshot at a cut where the replica joins the stream.
+async fn full_sync(
+    sess: &mut Session,
+    worker: &Rc<Worker>,
+    conf: &ReplConf,
+    psync: bool,
+    feed: Feed,
+) -> Result<(), String> {
+    let shared = worker.shared.clone();
+    shared.repl.sync_full.fetch_add(1, Ordering::Relaxed);
+    let (diskless, delay) = {
+        let c = shared.config.lock().expect("config lock");
+        (
+            c.get_bool("repl-diskless-sync") && conf.capa_eof,
+            c.get_i64("repl-diskless-sync-delay").max(0) as u64,
+        )
+    };
+    let stream = sess.stream.clone();
+    let stream = stream.as_deref();
+    if diskless && delay > 0 {
+        tokio::time::sleep(Duration::from_secs(delay)).await;
+    }
+    // One snapshot at a time: wait for a running BGSAVE or rewrite to end.
+    while snapshot::claim(worker).is_err() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if sess.handle.killed.get() {
+            return Err("killed while waiting to sync".into());
+        }
+    }
+    // From here on every write is captured for the stream.
+    shared.persist.aof.repl.store(true, Ordering::Release);
+    let entry = feed.entry.clone();
+    let attached: Rc<std::cell::RefCell<Option<Attached>>> = Default::default();
+    let at_cut: snapshot::AtCut = {
+        let attached = attached.clone();
+        Box::new(move |w: &Rc<Worker>| {
+            let (reply, answer) = std::sync::mpsc::channel();
+            send(w, ReplMsg::Attach { feed, reply });
+            // The writer answers within a pass of its loop; the shards stay locked
+            // meanwhile so the cut and the offset name the same point.
+            let Ok(a) = answer.recv_timeout(Duration::from_secs(10)) else {
+                return Vec::new();
+            };
+            let aux = vec![
+                (
+                    "repl-stream-db".to_string(),
+                    a.stream_db.to_string().into_bytes(),
+                ),
+                ("repl-id".to_string(), a.replid.clone().into_bytes()),
+                ("repl-offset".to_string(), a.offset.to_string().into_bytes()),
+            ];
+            *attached.borrow_mut() = Some(a);
+            aux
+        })
+    };
+    let (target, chunks, path) = if diskless {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+        (Target::Channel(tx), Some(rx), None)
+    } else {
+        let dir = shared
+            .config
+            .lock()
+            .expect("config lock")
+            .get("dir")
+            .to_string();
+        let path = std::path::Path::new(&dir).join(format!(
+            "temp-repl-{}-{}.rdb",
+            std::process::id(),
+            sess.id
+        ));
+        (Target::File(path.clone()), None, Some(path))
+    };
+    let cut = match snapshot::cut(worker, target, Some(at_cut)).await {
+        Ok(c) => c,
+        Err(e) => {
+            return Err(e);
+        }
+    };
+    let release = ReleaseClaim(worker.clone());
+    let Some(a) = attached.borrow_mut().take() else {
+        let _ = cut.written.await;
+        return Err("the stream did not attach the replica".into());
+    };
+    entry.state.store(REPLICA_SEND_BULK, Ordering::Relaxed);
+    tracing::info!(
+        "Starting BGSAVE for SYNC with target: {}",
+        if diskless { "replicas sockets" } else { "disk" }
+    );
+    if psync {
+        let line = format!("+FULLRESYNC {} {}\r\n", a.replid, a.offset);
+        io::write_all(stream, line.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    if let Some(mut rx) = chunks {
+        let mut mark = [0u8; 20];
+        super::fill_random(&mut mark);
+        let mark: String = mark.iter().map(|b| format!("{b:02x}")).collect();
+        io::write_all(stream, format!("$EOF:{mark}\r\n").as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        while let Some(chunk) = rx.recv().await {
+            io::write_all(stream, &chunk)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        cut.written
+            .await
+            .map_err(|_| "the snapshot writer stopped".to_string())?
+            .map_err(|e| e.to_string())?;
+        io::write_all(stream, mark.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+    } else {
+        let path = path.expect("disk sync has a path");
+        let result = send_file(stream, cut, &path).await;
+        let _ = std::fs::remove_file(&path);
+        result?;
+    }
+    drop(release);
+    Ok(())
+}
+
+/// Gives the snapshot claim back however a full sync ends.
+struct ReleaseClaim(Rc<Worker>);
+
+impl Drop for ReleaseClaim {
+    fn drop(&mut self) {
+        self.0
+            .shared
+            .persist
+            .bgsave_in_progress
+            .store(false, Ordering::Release);
+    }
+}
+
+async fn send_file(
+    stream: Option<&tokio::net::TcpStream>,
+    cut: snapshot::Cut,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    use std::io::Read;
+    let len = cut
+        .written
+        .await
+        .map_err(|_| "the snapshot writer stopped".to_string())?
+        .map_err(|e| format!("the snapshot failed: {e}"))?;
+    io::write_all(stream, format!("${len}\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Reads of a file just written come from the page cache: plain reads, in chunks.
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 128 * 1024];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        io::write_all(stream, &buf[..n])
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Sends the queued stream and reads the replica's ACKs until the link ends.
+async fn feed_loop(
+    sess: &mut Session,
+    entry: &ReplicaEntry,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+    queued: &std::sync::atomic::AtomicU64,
+) -> Result<(), String> {
+    let stream = sess.stream.clone();
+    let stream = stream.as_deref();
+    let handle = sess.handle.clone();
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let mut parser = RequestParser::default();
+    let limits = ParseLimits {
+        max_bulk_len: 1 << 20,
+    };
+    loop {
+        tokio::select! {
+            _ = handle.wake.notified() => {
+                if handle.killed.get() {
+                    return Err("killed".into());
+                }
+            }
+            chunk = rx.recv() => {
+                let Some(chunk) = chunk else {
+                    return Err("dropped by the stream (output buffer limit, or a new history)".into());
+                };
+                // Take what else is queued, for one write.
+                let mut out = chunk.to_vec();
+                while let Ok(more) = rx.try_recv() {
+                    out.extend_from_slice(&more);
+                }
+                io::write_all(stream, &out).await.map_err(|e| e.to_string())?;
+                queued.fetch_sub(out.len() as u64, Ordering::Relaxed);
+            }
+            r = io::read_some(stream, &mut rbuf) => {
+                match r {
+                    Ok(0) => return Err("the replica closed the connection".into()),
+                    Err(e) => return Err(e.to_string()),
+                    Ok(_) => {}
+                }
+                while let Ok(Some(args)) = parser.next_command(&mut rbuf, &limits) {
+                    on_replica_command(entry, &args);
+                }
+            }
+        }
+    }
+}
+
+fn on_replica_command(entry: &ReplicaEntry, args: &[Bytes]) {
+    if args.len() >= 3
+        && args[0].eq_ignore_ascii_case(b"replconf")
+        && args[1].eq_ignore_ascii_case(b"ack")
+    {
+        let num = |b: &Bytes| std::str::from_utf8(b).ok()?.parse::<u64>().ok();
+        if let Some(off) = num(&args[2]) {
+            entry.ack_offset.fetch_max(off, Ordering::Relaxed);
+            entry.last_ack_ms.store(unix_ms(), Ordering::Relaxed);
+        }
+        if args.len() >= 5 && args[3].eq_ignore_ascii_case(b"fack") {
+            if let Some(off) = num(&args[4]) {
+                entry.fack_offset.fetch_max(off, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The stream's offset once everything this thread handed over is in it.
+pub async fn current_offset(worker: &Worker) -> u64 {
+    let (reply, answer) = oneshot::channel();
+    send(worker, ReplMsg::Offset(reply));
+    answer.await.unwrap_or(0)
+}
+
+/// WAIT numreplicas timeout: how many replicas acknowledged the stream up to the
+/// caller's writes. `timeout_ms` 0 waits for ever (while the client stays).
+pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
+    let worker = sess.worker.clone();
+    let shared = &worker.shared;
+    if !shared.persist.aof.repl.load(Ordering::Acquire) {
+        return 0;
+    }
+    let target = current_offset(&worker).await;
+    let count = || {
+        shared
+            .repl
+            .replicas()
+            .iter()
+            .filter(|r| {
+                r.state.load(Ordering::Relaxed) == REPLICA_ONLINE
+                    && r.ack_offset.load(Ordering::Relaxed) >= target
+            })
+            .count() as i64
+    };
+    let n = count();
+    if n >= want || shared.repl.is_replica() {
+        return n;
+    }
+    send(&worker, ReplMsg::GetAck);
+    let deadline =
+        (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
+    let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
+    loop {
+        let n = count();
+        if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return n;
+        }
+        let tick = tokio::time::sleep(Duration::from_millis(2));
+        tokio::select! {
+            _ = tick => {}
+            _ = handle.wake.notified() => if handle.killed.get() { return n },
+            r = io::read_some(stream.as_deref(), &mut sess.stash) => {
+                if matches!(r, Ok(0) | Err(_)) {
+                    return n;
+                }
+            }
+        }
+    }
+}
