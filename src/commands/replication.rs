@@ -174,3 +174,39 @@ async_handler!(wait, |sess, args| {
     let n = master::wait(sess, replicas, timeout as u64).await;
     sess.out.int(n);
 });
+
+async_handler!(waitaof, |sess, args| {
+    let (Ok(numlocal), Ok(numreplicas), Ok(timeout)) = (
+        parse_i64(&args[1]),
+        parse_i64(&args[2]),
+        parse_i64(&args[3]),
+    ) else {
+        return sess
+            .out
+            .error("ERR value is not an integer or out of range");
+    };
+    if timeout < 0 {
+        return sess.out.error("ERR timeout is negative");
+    }
+    let shared = sess.worker.shared.clone();
+    if shared.repl.is_replica() {
+        return sess
+            .out
+            .error("ERR WAITAOF cannot be used with replica instances. Please also note that writes to replicas are just local and are not propagated.");
+    }
+    if numlocal > 0 && !shared.persist.aof.file_on() {
+        return sess
+            .out
+            .error("ERR WAITAOF cannot be used when numlocal is set but appendonly is disabled.");
+    }
+    if sess.replaying || sess.in_exec {
+        sess.out.array(2);
+        sess.out.int(0);
+        sess.out.int(0);
+        return;
+    }
+    let (local, replicas) = master::waitaof(sess, numlocal > 0, numreplicas, timeout as u64).await;
+    sess.out.array(2);
+    sess.out.int(local as i64);
+    sess.out.int(replicas);
+});

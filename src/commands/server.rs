@@ -407,6 +407,7 @@ pub const CONFIG_SUBCOMMANDS: &[(&str, i32, &str)] = &[
     ("get", -3, "admin noscript loading stale"),
     ("help", 2, "loading stale"),
     ("resetstat", 2, "admin noscript loading stale"),
+    ("rewrite", 2, "admin noscript loading stale"),
     ("set", -4, "admin noscript loading stale"),
 ];
 
@@ -414,6 +415,8 @@ const CONFIG_HELP: &[&str] = &[
     "CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
     "GET <pattern> [<pattern> ...]",
     "    Parameters matching the glob patterns, with their values.",
+    "REWRITE",
+    "    Rewrites the configuration file with the configuration in force.",
     "SET <parameter> <value> [<parameter> <value> ...]",
     "    Changes parameters at run time, all or none.",
     "RESETSTAT",
@@ -467,6 +470,23 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                 }
                 Err(e) => {
                     drop(config);
+                    sess.error(&e);
+                }
+            }
+        }
+        "rewrite" => {
+            let result = shared
+                .config
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .rewrite();
+            match result {
+                Ok(()) => {
+                    tracing::info!("CONFIG REWRITE executed with success.");
+                    sess.out.ok();
+                }
+                Err(e) => {
+                    tracing::warn!("CONFIG REWRITE failed: {e}");
                     sess.error(&e);
                 }
             }

@@ -116,6 +116,7 @@ pub fn all() -> Vec<Command> {
         ),
         c("time", 1, "loading stale fast", NONE, "server", "2.6.0", "Returns the server time.", Conn(server::time)),
         c("wait", 3, "noscript", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge the connection's writes.", Async(replication::wait)),
+        c("waitaof", 4, "noscript", NONE, "generic", "7.2.0", "Waits for the connection's writes to reach the AOF on disk, here and on replicas.", Async(replication::waitaof)),
         // Replication
         c("replicaof", 3, "admin noscript stale no_async_loading", NONE, "server", "5.0.0", "Makes the server a replica of another, or promotes it to a master.", Async(replication::replicaof)),
         c("slaveof", 3, "admin noscript stale no_async_loading", NONE, "server", "1.0.0", "Makes the server a replica of another, or promotes it to a master (the old name).", Async(replication::replicaof)),

@@ -225,12 +225,14 @@ async fn full_sync(
         ));
         (Target::File(path.clone()), None, Some(path))
     };
-    let cut = match snapshot::cut(worker, target, Some(at_cut)).await {
-        Ok(c) => c,
-        Err(e) => {
-            return Err(e);
-        }
+    let gate = if shared.repl.is_replica() {
+        Some(shared.repl.apply_gate.lock().await)
+    } else {
+        None
     };
+    let cut = snapshot::cut(worker, target, Some(at_cut)).await;
+    drop(gate);
+    let cut = cut?;
     let release = ReleaseClaim(worker.clone());
     let Some(a) = attached.borrow_mut().take() else {
         let _ = cut.written.await;
@@ -389,6 +391,45 @@ pub async fn current_offset(worker: &Worker) -> u64 {
     let (reply, answer) = oneshot::channel();
     send(worker, ReplMsg::Offset(reply));
     answer.await.unwrap_or(0)
+}
+
+/// WAITAOF: whether this server's AOF holds the caller's writes on disk (when `local`),
+/// and how many replicas said (FACK) theirs do.
+pub async fn waitaof(sess: &mut Session, local: bool, want: i64, timeout_ms: u64) -> (bool, i64) {
+    let worker = sess.worker.clone();
+    let shared = &worker.shared;
+    let mut local_ok = false;
+    if local {
+        let (done, wait) = oneshot::channel();
+        shared.persist.aof.send(ToWriter::Sync { done });
+        local_ok = matches!(wait.await, Ok(Ok(())));
+    }
+    if want <= 0 || !shared.persist.aof.repl.load(Ordering::Acquire) {
+        return (local_ok, 0);
+    }
+    let target = current_offset(&worker).await;
+    let count = || {
+        shared
+            .repl
+            .replicas()
+            .iter()
+            .filter(|r| r.fack_offset.load(Ordering::Relaxed) >= target)
+            .count() as i64
+    };
+    send(&worker, ReplMsg::GetAck);
+    let deadline =
+        (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
+    let handle = sess.handle.clone();
+    loop {
+        let n = count();
+        if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return (local_ok, n);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            _ = handle.wake.notified() => if handle.killed.get() { return (local_ok, n) },
+        }
+    }
 }
 
 /// WAIT numreplicas timeout: how many replicas acknowledged the stream up to the

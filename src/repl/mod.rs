@@ -97,6 +97,14 @@ pub struct ReplState {
     pub good_replicas: AtomicI64,
     /// The master link's client id on this server (CLIENT KILL TYPE master).
     pub master_client_id: AtomicU64,
+    /// Held by a replica's link while it applies a run of commands and passes their
+    /// bytes on, and by a full sync of a replica of this replica around its cut: so a
+    /// cut never falls between a command applied and its bytes passed on (which would put
+    /// the command in both the snapshot and the stream after it). A sequencing token
+    /// between two tasks, not a lock on data: uncontended except during such a sync.
+    pub apply_gate: tokio::sync::Mutex<()>,
+    /// The last FACK a replica sent its master: the offset its AOF holds durably.
+    pub fack_sent: AtomicU64,
     /// The database the master's stream was in when the link ended (a partial resync
     /// goes on in it).
     pub last_db: AtomicU64,
@@ -138,6 +146,8 @@ impl Default for ReplState {
             good_replicas: AtomicI64::new(0),
             master_client_id: AtomicU64::new(0),
             last_db: AtomicU64::new(0),
+            apply_gate: tokio::sync::Mutex::new(()),
+            fack_sent: AtomicU64::new(0),
             read_only: AtomicBool::new(true),
             serve_stale: AtomicBool::new(true),
             min_replicas: AtomicI64::new(0),

@@ -48,6 +48,12 @@ pub fn follow(shared: &Arc<Shared>, host: String, port: u16) {
         host: host.clone(),
         port,
     });
+    // CONFIG GET and CONFIG REWRITE show the master in force.
+    let _ = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .set_initial("replicaof", &format!("{host} {port}"));
     // Writes captured from here on; the replica gate goes up before the reply.
     shared.persist.aof.repl.store(true, Ordering::Release);
     r.replica.store(true, Ordering::Release);
@@ -72,6 +78,11 @@ pub fn promote(shared: &Arc<Shared>) {
     }
     r.generation.fetch_add(1, Ordering::AcqRel);
     *r.master.lock().expect("master lock") = None;
+    let _ = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .set_initial("replicaof", "");
     shared.persist.aof.repl.store(true, Ordering::Release);
     send(shared, ReplMsg::Promote);
     r.replica.store(false, Ordering::Release);
@@ -554,6 +565,7 @@ async fn apply_loop(
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         // Apply every whole command buffered.
+        let gate = r.apply_gate.lock().await;
         loop {
             let parsed = match parser.next_command(&mut rbuf, &limits) {
                 Ok(Some(args)) => args,
@@ -598,6 +610,7 @@ async fn apply_loop(
                 send(shared, ReplMsg::Upstream { bytes, db: sess.db });
             }
         }
+        drop(gate);
         if last_ack.elapsed() >= Duration::from_secs(1) {
             if let Err(e) = send_ack(link, shared, committed).await {
                 return Ended::Retry(e);
@@ -636,7 +649,15 @@ async fn apply_loop(
 }
 
 async fn send_ack(link: &mut Link, shared: &Shared, offset: u64) -> Result<(), String> {
-    let fack = shared.persist.aof.offset.load(Ordering::Relaxed);
+    // FACK: the offset this server's AOF holds on disk. Everything applied up to
+    // `offset` was handed to the writer before this ACK; once the writer has made all it
+    // was handed durable, the offset is covered.
+    let aof = &shared.persist.aof;
+    let r = &shared.repl;
+    if aof.file_on() && aof.all_durable() && aof.write_ok.load(Ordering::Relaxed) {
+        r.fack_sent.store(offset, Ordering::Relaxed);
+    }
+    let fack = r.fack_sent.load(Ordering::Relaxed);
     let mut out = Vec::new();
     encode(
         &mut out,
