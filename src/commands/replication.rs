@@ -142,6 +142,19 @@ async_handler!(psync, |sess, args| {
         Err(e) => return sess.error(e),
     };
     let from = if replid == "?" { 0 } else { from.max(0) as u64 };
+    if args.len() > 3 {
+        if args.len() != 4 || !eq_ci(&args[3], "failover") {
+            return sess.error("ERR syntax error");
+        }
+        // The old master hands over: this replica becomes the master of their shared
+        // history, and the caller continues it as a replica.
+        let shared = sess.worker.shared.clone();
+        if replid != shared.repl.ids().replid {
+            return sess.error("ERR PSYNC FAILOVER replid must match my replid.");
+        }
+        tracing::info!("FAILOVER request received for replid {replid}.");
+        replica::promote(&shared);
+    }
     master::serve_replica(sess, Some((replid, from))).await;
 });
 
@@ -209,4 +222,8 @@ async_handler!(waitaof, |sess, args| {
     sess.out.array(2);
     sess.out.int(local as i64);
     sess.out.int(replicas);
+});
+
+async_handler!(failover, |sess, args| {
+    crate::repl::failover::command(sess, &args).await;
 });

@@ -123,6 +123,7 @@ pub fn all() -> Vec<Command> {
         c("role", 1, "noscript loading stale fast", NONE, "server", "2.8.12", "Says whether this server is a master or a replica, with its replication state.", Async(replication::role)),
         c("replconf", -1, "admin noscript loading stale allow_busy", NONE, "server", "3.0.0", "An internal command for configuring the replication stream.", Conn(replication::replconf)),
         c("psync", -3, "admin noscript no_async_loading no_multi", NONE, "server", "2.8.0", "An internal command used in replication.", Async(replication::psync)),
+        c("failover", -1, "admin noscript stale", NONE, "server", "6.2.0", "Starts a coordinated failover from this master to one of its replicas.", Async(replication::failover)),
         c("sync", 1, "admin noscript no_async_loading no_multi", NONE, "server", "1.0.0", "An internal command used in replication.", Async(replication::sync)),
         c("lastsave", 1, "loading stale fast", NONE, "server", "1.0.0", "Returns the unix time of the last save.", Conn(server::lastsave)),
         c("debug", -2, "admin noscript loading stale", NONE, "server", "1.0.0", "Debugging helpers.", Async(server::debug)),

@@ -8,6 +8,7 @@
 //! path.
 
 pub mod backlog;
+pub mod failover;
 pub mod master;
 pub mod replica;
 pub mod stream;
@@ -103,6 +104,12 @@ pub struct ReplState {
     /// the command in both the snapshot and the stream after it). A sequencing token
     /// between two tasks, not a lock on data: uncontended except during such a sync.
     pub apply_gate: tokio::sync::Mutex<()>,
+    /// FAILOVER's state (`failover::NONE`...), an ABORT request, whether the link's PSYNC
+    /// says FAILOVER, and its outcome (0 pending, 1 accepted, 2 refused).
+    pub failover_state: AtomicU8,
+    pub failover_abort: AtomicBool,
+    pub failover_psync: AtomicBool,
+    pub failover_result: AtomicU8,
     /// The last FACK a replica sent its master: the offset its AOF holds durably.
     pub fack_sent: AtomicU64,
     /// The database the master's stream was in when the link ended (a partial resync
@@ -148,6 +155,10 @@ impl Default for ReplState {
             last_db: AtomicU64::new(0),
             apply_gate: tokio::sync::Mutex::new(()),
             fack_sent: AtomicU64::new(0),
+            failover_state: AtomicU8::new(0),
+            failover_abort: AtomicBool::new(false),
+            failover_psync: AtomicBool::new(false),
+            failover_result: AtomicU8::new(0),
             read_only: AtomicBool::new(true),
             serve_stale: AtomicBool::new(true),
             min_replicas: AtomicI64::new(0),
@@ -372,7 +383,8 @@ pub fn info_section(shared: &Shared) -> String {
     let active = r.backlog_active.load(Ordering::Relaxed);
     let _ = write!(
         s,
-        "master_failover_state:no-failover\r\nmaster_replid:{}\r\nmaster_replid2:{}\r\nmaster_repl_offset:{offset}\r\nsecond_repl_offset:{}\r\nrepl_backlog_active:{}\r\nrepl_backlog_size:{}\r\nrepl_backlog_first_byte_offset:{}\r\nrepl_backlog_histlen:{}\r\n\r\n",
+        "master_failover_state:{}\r\nmaster_replid:{}\r\nmaster_replid2:{}\r\nmaster_repl_offset:{offset}\r\nsecond_repl_offset:{}\r\nrepl_backlog_active:{}\r\nrepl_backlog_size:{}\r\nrepl_backlog_first_byte_offset:{}\r\nrepl_backlog_histlen:{}\r\n\r\n",
+        failover::state_name(r.failover_state.load(Ordering::Relaxed)),
         ids.replid,
         ids.replid2,
         ids.second_offset,

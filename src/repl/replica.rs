@@ -330,12 +330,30 @@ async fn handshake(
             "Trying a partial resynchronization (request {}:{offset}).",
             ids.replid
         );
-        link.command(&[
-            b"PSYNC",
-            ids.replid.as_bytes(),
-            offset.to_string().as_bytes(),
-        ])
-        .await?
+        if shared.repl.failover_psync.load(Ordering::Acquire) {
+            // FAILOVER: the target promotes itself and continues this server's history.
+            let r = link
+                .command(&[
+                    b"PSYNC",
+                    ids.replid.as_bytes(),
+                    offset.to_string().as_bytes(),
+                    b"FAILOVER",
+                ])
+                .await?;
+            let accepted = !r.starts_with('-');
+            shared
+                .repl
+                .failover_result
+                .store(if accepted { 1 } else { 2 }, Ordering::Release);
+            r
+        } else {
+            link.command(&[
+                b"PSYNC",
+                ids.replid.as_bytes(),
+                offset.to_string().as_bytes(),
+            ])
+            .await?
+        }
     } else {
         tracing::info!("Partial resynchronization not possible (no cached master)");
         link.command(&[b"PSYNC", b"?", b"-1"]).await?

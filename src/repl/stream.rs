@@ -355,7 +355,7 @@ impl Stream {
             let period = r.ping_period_s.load(Ordering::Relaxed);
             if self.last_ping.elapsed().as_secs() >= period {
                 self.last_ping = Instant::now();
-                encode(&mut self.pending, &[b"PING".as_slice()]);
+                encode(&mut self.pending, &[b"ping".as_slice()]);
             }
         }
         if !self.upstream && self.feeds.is_empty() {

@@ -152,7 +152,13 @@ async fn housekeeping(worker: Rc<Worker>) {
         crate::clock::resync();
         let now = unix_ms();
         // A replica expires nothing itself: its master's DELs do (docs/replication.md).
-        if worker.shared.active_expire.load(Ordering::Relaxed) && !worker.shared.repl.is_replica() {
+        // While writes are paused (CLIENT PAUSE, FAILOVER) expiry waits too, as in Redis,
+        // so the replication offset holds still.
+        let paused = worker.clients.borrow().pause.until_unix_ms > now;
+        if worker.shared.active_expire.load(Ordering::Relaxed)
+            && !worker.shared.repl.is_replica()
+            && !paused
+        {
             active_expire(&worker, now);
             crate::shard::after_command(&worker);
         }
