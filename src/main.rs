@@ -187,10 +187,16 @@ fn split_config_flags(args: Vec<String>) -> (Vec<String>, Vec<(String, String)>)
         let name = a.strip_prefix("--").map(|n| n.replace('_', "-"));
         match name {
             Some(n) if !n.is_empty() && !known.contains(&n) && config::find_param(&n).is_some() => {
-                let value = match it.peek() {
-                    Some(v) if !v.starts_with("--") => it.next().unwrap_or_default(),
-                    _ => String::new(),
-                };
+                // As redis-server does, every word up to the next `--` option is the
+                // value: `--replicaof 127.0.0.1 6379`, `--save 60 1000`.
+                let mut words = Vec::new();
+                while let Some(v) = it.peek() {
+                    if v.starts_with("--") && v.len() > 2 {
+                        break;
+                    }
+                    words.push(it.next().unwrap_or_default());
+                }
+                let value = words.join(" ");
                 pairs.push((n, value));
             }
             _ => keep.push(a),

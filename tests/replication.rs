@@ -1391,6 +1391,57 @@ fn replica_expiry(threads: usize) {
     wait_synced(&master, &replica, "after the master's DELs");
 }
 
+/// A command that reaches a replica after the expiry time it carries (the replica was
+/// busy) still leaves the key in place, hidden from reads, until the master's DEL: a
+/// replica never deletes on its own clock. The replica is held with DEBUG SLEEP, which
+/// stops a whole Redis and the one thread of a `--threads 1` Kite.
+#[test]
+fn replica_keeps_a_key_whose_expiry_passed_in_transit() {
+    let master = redis_master(&[]);
+    let replica = sut(&[], 1);
+    replicaof(&replica, &master);
+    wait_synced(&master, &replica, "after the full sync");
+    let mut mc = master.client();
+    assert_ok(
+        mc.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]),
+        "DEBUG SET-ACTIVE-EXPIRE 0 on the master",
+    );
+    let port = replica.port;
+    let sleeper = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        std::io::Write::write_all(&mut s, b"DEBUG SLEEP 1\r\n").expect("send");
+        let mut buf = [0u8; 16];
+        let _ = std::io::Read::read(&mut s, &mut buf);
+    });
+    // Let the sleep start before the writes go out.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_ok(mc.cmd(&["SET", "k:late", "v", "PX", "100"]), "SET PX 100");
+    assert_eq!(
+        mc.cmd(&["HSET", "h:late", "f", "v"]),
+        Resp::Integer(1),
+        "HSET"
+    );
+    assert_eq!(
+        mc.cmd(&["PEXPIRE", "h:late", "100"]),
+        Resp::Integer(1),
+        "PEXPIRE"
+    );
+    sleeper.join().expect("sleeper");
+    wait_synced(&master, &replica, "after the late writes");
+    let mut rc = replica.client();
+    assert_eq!(
+        rc.cmd(&["DBSIZE"]),
+        Resp::Integer(2),
+        "the replica holds both keys until the master's DEL"
+    );
+    assert!(rc.cmd(&["GET", "k:late"]).is_null(), "GET k:late is hidden");
+    assert_eq!(
+        rc.cmd(&["EXISTS", "h:late"]),
+        Resp::Integer(0),
+        "EXISTS h:late is hidden"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // REPLICAOF NO ONE, then another master
 // ---------------------------------------------------------------------------

@@ -402,7 +402,7 @@ pub fn restore(ctx: &mut ExecCtx, args: &[Bytes]) {
     if ttl != 0 && !absttl {
         ttl = ttl.saturating_add(ctx.now_ms as i64);
     }
-    if ttl != 0 && ttl <= ctx.now_ms as i64 {
+    if ttl != 0 && ctx.already_expired(ttl) {
         if deleted {
             ctx.notify(b'g', "del", key);
         }
@@ -721,7 +721,7 @@ fn expire_generic(ctx: &mut ExecCtx, args: &[Bytes], unit_ms: i64, relative: boo
     if !cond.allows(current, at) {
         return ctx.out.int(0);
     }
-    if at <= ctx.now_ms as i64 {
+    if ctx.already_expired(at) {
         ctx.delete(key);
         ctx.notify(b'g', "del", key);
     } else {

@@ -459,13 +459,6 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         }
         if gate & crate::persist::GATE_REPL != 0 && !sess.replaying {
             let shared = &sess.worker.shared;
-            if !cmd.has(flags::STALE)
-                && !subcommand_has(cmd, &args, "stale")
-                && crate::repl::stale_refused(shared)
-            {
-                reject_command(sess, cmd, crate::repl::MASTERDOWN_ERR);
-                return;
-            }
             let writes = cmd.has(flags::WRITE)
                 || (cmd.name == "exec"
                     && sess
@@ -477,6 +470,14 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
                     reject_command(sess, cmd, msg);
                     return;
                 }
+            }
+            // As in Redis, a write on a read-only replica is READONLY before MASTERDOWN.
+            if !cmd.has(flags::STALE)
+                && !subcommand_has(cmd, &args, "stale")
+                && crate::repl::stale_refused(shared)
+            {
+                reject_command(sess, cmd, crate::repl::MASTERDOWN_ERR);
+                return;
             }
         }
     }

@@ -14,7 +14,7 @@ async_handler!(replicaof, |sess, args| {
     let shared = sess.worker.shared.clone();
     if eq_ci(&args[1], "no") && eq_ci(&args[2], "one") {
         if shared.repl.is_replica() {
-            replica::promote(&shared);
+            replica::promote(&shared).await;
         }
         return sess.out.ok();
     }
@@ -37,7 +37,7 @@ async_handler!(replicaof, |sess, args| {
             return;
         }
     }
-    replica::follow(&shared, host.clone(), port);
+    replica::follow(&shared, host.clone(), port).await;
     tracing::info!(
         "REPLICAOF {host}:{port} enabled (user request from 'id={}')",
         sess.id
@@ -153,7 +153,7 @@ async_handler!(psync, |sess, args| {
             return sess.error("ERR PSYNC FAILOVER replid must match my replid.");
         }
         tracing::info!("FAILOVER request received for replid {replid}.");
-        replica::promote(&shared);
+        replica::promote(&shared).await;
     }
     master::serve_replica(sess, Some((replid, from))).await;
 });

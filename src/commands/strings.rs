@@ -399,7 +399,7 @@ pub fn getex(ctx: &mut ExecCtx, args: &[Bytes]) {
     let had_ttl = e.expire_at() != 0;
     match at {
         // An absolute time already past deletes the key, as Redis does.
-        Some(t) if t <= now => {
+        Some(t) if ctx.already_expired(t as i64) => {
             ctx.delete(key);
             ctx.notify(b'g', "del", key);
         }

@@ -188,7 +188,7 @@ async fn run(worker: Rc<Worker>, plan: Plan) {
     );
     r.failover_result.store(0, Ordering::Release);
     r.failover_psync.store(true, Ordering::Release);
-    replica::follow(&shared, chosen.0.clone(), chosen.1);
+    replica::follow(&shared, chosen.0.clone(), chosen.1).await;
     // The link's PSYNC ... FAILOVER decides: accepted, or refused.
     let outcome = loop {
         match r.failover_result.load(Ordering::Acquire) {
@@ -217,7 +217,7 @@ async fn run(worker: Rc<Worker>, plan: Plan) {
         }
         Err(why) => {
             // Back to being the master, under a new history as after REPLICAOF NO ONE.
-            replica::promote(&shared);
+            replica::promote(&shared).await;
             end(&worker, why).await;
         }
     }

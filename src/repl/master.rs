@@ -75,7 +75,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
         .push(entry.clone());
     let (feed, rx, queued) = Feed::new(entry.clone());
     let fed = match attach(sess, &worker, &conf, psync, feed).await {
-        Ok(()) => {
+        Ok(wait_ack) => {
             entry.state.store(REPLICA_ONLINE, Ordering::Relaxed);
             entry.last_ack_ms.store(unix_ms(), Ordering::Relaxed);
             tracing::info!(
@@ -83,7 +83,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
                 entry.ip,
                 entry.port.load(Ordering::Relaxed)
             );
-            feed_loop(sess, &entry, rx, &queued).await
+            feed_loop(sess, &entry, rx, &queued, wait_ack).await
         }
         Err(e) => Err(e),
     };
@@ -104,14 +104,16 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
 }
 
 /// Continues from the backlog, or sends a snapshot; the stream after it is queued in
-/// the feed.
+/// the feed. True when the stream must wait for the replica's first ACK: after a
+/// diskless payload, so the replica can tell the end mark from what follows, as Redis's
+/// masters do.
 async fn attach(
     sess: &mut Session,
     worker: &Rc<Worker>,
     conf: &ReplConf,
     psync: Option<(String, u64)>,
     feed: Feed,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let shared = worker.shared.clone();
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
@@ -140,7 +142,7 @@ async fn attach(
                         .await
                         .map_err(|e| e.to_string())?;
                     tracing::info!("Partial resynchronization request from replica accepted, continuing from offset {from}");
-                    return Ok(());
+                    return Ok(false);
                 }
                 Err(back) => {
                     shared.repl.sync_partial_err.fetch_add(1, Ordering::Relaxed);
@@ -160,7 +162,7 @@ async fn full_sync(
     conf: &ReplConf,
     psync: bool,
     feed: Feed,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let shared = worker.shared.clone();
     shared.repl.sync_full.fetch_add(1, Ordering::Relaxed);
     let (diskless, delay) = {
@@ -275,7 +277,7 @@ async fn full_sync(
         result?;
     }
     drop(release);
-    Ok(())
+    Ok(diskless)
 }
 
 /// Gives the snapshot claim back however a full sync ends.
@@ -326,6 +328,7 @@ async fn feed_loop(
     entry: &ReplicaEntry,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
     queued: &std::sync::atomic::AtomicU64,
+    mut wait_ack: bool,
 ) -> Result<(), String> {
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
@@ -342,7 +345,7 @@ async fn feed_loop(
                     return Err("killed".into());
                 }
             }
-            chunk = rx.recv() => {
+            chunk = rx.recv(), if !wait_ack => {
                 let Some(chunk) = chunk else {
                     return Err("dropped by the stream (output buffer limit, or a new history)".into());
                 };
@@ -361,14 +364,17 @@ async fn feed_loop(
                     Ok(_) => {}
                 }
                 while let Ok(Some(args)) = parser.next_command(&mut rbuf, &limits) {
-                    on_replica_command(entry, &args);
+                    if on_replica_command(entry, &args) {
+                        wait_ack = false;
+                    }
                 }
             }
         }
     }
 }
 
-fn on_replica_command(entry: &ReplicaEntry, args: &[Bytes]) {
+/// Reads what a replica sends on its link; true for an ACK.
+fn on_replica_command(entry: &ReplicaEntry, args: &[Bytes]) -> bool {
     if args.len() >= 3
         && args[0].eq_ignore_ascii_case(b"replconf")
         && args[1].eq_ignore_ascii_case(b"ack")
@@ -383,7 +389,9 @@ fn on_replica_command(entry: &ReplicaEntry, args: &[Bytes]) {
                 entry.fack_offset.fetch_max(off, Ordering::Relaxed);
             }
         }
+        return true;
     }
+    false
 }
 
 /// The stream's offset once everything this thread handed over is in it.
@@ -407,7 +415,11 @@ pub async fn waitaof(sess: &mut Session, local: bool, want: i64, timeout_ms: u64
     if want <= 0 || !shared.persist.aof.repl.load(Ordering::Acquire) {
         return (local_ok, 0);
     }
-    let target = current_offset(&worker).await;
+    if sess.wrote_since_wait {
+        sess.wrote_since_wait = false;
+        sess.write_offset = current_offset(&worker).await;
+    }
+    let target = sess.write_offset;
     let count = || {
         shared
             .repl
@@ -440,7 +452,13 @@ pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
     if !shared.persist.aof.repl.load(Ordering::Acquire) {
         return 0;
     }
-    let target = current_offset(&worker).await;
+    // The offset that covers this connection's writes: taken now if it wrote since the
+    // last WAIT (everything it wrote is handed over before its replies), else kept.
+    if sess.wrote_since_wait {
+        sess.wrote_since_wait = false;
+        sess.write_offset = current_offset(&worker).await;
+    }
+    let target = sess.write_offset;
     let count = || {
         shared
             .repl

@@ -41,9 +41,12 @@ fn send(shared: &Shared, m: ReplMsg) {
 }
 
 /// REPLICAOF host port: follow that master from now on. The link runs on thread 0.
-pub fn follow(shared: &Arc<Shared>, host: String, port: u16) {
+pub async fn follow(shared: &Arc<Shared>, host: String, port: u16) {
     let shared = shared.clone();
     let r = &shared.repl;
+    let gen = r.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    // A link to the previous master finishes the commands it is applying, then stops.
+    let gate = r.apply_gate.lock().await;
     *r.master.lock().expect("master lock") = Some(MasterAddr {
         host: host.clone(),
         port,
@@ -59,8 +62,8 @@ pub fn follow(shared: &Arc<Shared>, host: String, port: u16) {
     r.replica.store(true, Ordering::Release);
     r.link.store(LINK_CONNECT, Ordering::Relaxed);
     r.link_down_since_ms.store(unix_ms(), Ordering::Relaxed);
-    let gen = r.generation.fetch_add(1, Ordering::AcqRel) + 1;
     shared.persist.refresh_gate(&shared);
+    drop(gate);
     tracing::info!("Connecting to MASTER {host}:{port}");
     shared.send(
         0,
@@ -71,12 +74,15 @@ pub fn follow(shared: &Arc<Shared>, host: String, port: u16) {
 }
 
 /// REPLICAOF NO ONE: stop following; the dataset and offset stay, under a new history.
-pub fn promote(shared: &Arc<Shared>) {
+/// Returns once the new ids are in force.
+pub async fn promote(shared: &Arc<Shared>) {
     let r = &shared.repl;
     if !r.is_replica() {
         return;
     }
     r.generation.fetch_add(1, Ordering::AcqRel);
+    // The link applies nothing more once it has given the gate back.
+    let gate = r.apply_gate.lock().await;
     *r.master.lock().expect("master lock") = None;
     let _ = shared
         .config
@@ -84,10 +90,13 @@ pub fn promote(shared: &Arc<Shared>) {
         .expect("config lock")
         .set_initial("replicaof", "");
     shared.persist.aof.repl.store(true, Ordering::Release);
-    send(shared, ReplMsg::Promote);
+    let (done, promoted) = tokio::sync::oneshot::channel();
+    send(shared, ReplMsg::Promote { done });
+    let _ = promoted.await;
     r.replica.store(false, Ordering::Release);
     r.link.store(LINK_NONE, Ordering::Relaxed);
     shared.persist.refresh_gate(shared);
+    drop(gate);
     tracing::info!("MASTER MODE enabled (user request)");
 }
 
@@ -495,9 +504,11 @@ async fn receive_rdb(link: &mut Link, size: &str, path: &Path) -> Result<(), Str
         // Everything up to the mark is the file; the last 40 bytes are kept back until
         // more arrives, since they may be the mark.
         loop {
-            if link.buf.len() >= 40 && link.buf.ends_with(&mark) {
-                let body = link.buf.split_to(link.buf.len() - 40);
-                link.buf.clear();
+            // A Redis master sends nothing after the mark until the replica's first ACK;
+            // bytes after it, if a master sends them, stay for the stream.
+            if let Some(at) = link.buf.windows(40).position(|w| w == mark.as_slice()) {
+                let body = link.buf.split_to(at);
+                let _ = link.buf.split_to(40);
                 file.write_all(&body).map_err(|e| e.to_string())?;
                 break;
             }
@@ -584,6 +595,9 @@ async fn apply_loop(
     loop {
         // Apply every whole command buffered.
         let gate = r.apply_gate.lock().await;
+        if !current(shared, gen) {
+            return Ended::Stop;
+        }
         loop {
             let parsed = match parser.next_command(&mut rbuf, &limits) {
                 Ok(Some(args)) => args,

@@ -81,7 +81,7 @@ pub enum ReplMsg {
     /// promoted): the stream goes on from where this server's dataset stands.
     Resumed { replid: String },
     /// REPLICAOF NO ONE: a new history starts here; replicas may continue under the old id.
-    Promote,
+    Promote { done: oneshot::Sender<()> },
     /// A replica's link ended.
     Detach(u64),
 }
@@ -262,7 +262,7 @@ impl Stream {
                     });
                 }
             }
-            ReplMsg::Promote => {
+            ReplMsg::Promote { done } => {
                 self.flush();
                 self.ensure_backlog();
                 // Replicas learn the new id by reconnecting; the old one lets them continue.
@@ -274,6 +274,7 @@ impl Stream {
                 });
                 self.upstream = false;
                 self.db = None;
+                let _ = done.send(());
             }
             ReplMsg::Detach(id) => {
                 self.feeds.retain(|f| f.entry.client_id != id);

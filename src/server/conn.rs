@@ -136,6 +136,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         unflushed_write: false,
         replaying: false,
         replconf: None,
+        wrote_since_wait: false,
+        write_offset: 0,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -402,6 +404,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         sess.unflushed_replies += 1;
         if cmd.is_some_and(may_write) {
             sess.unflushed_write = true;
+            sess.wrote_since_wait = true;
         }
         if let Some(target) = squash_target(sess, cmd, &args) {
             let cmd = cmd.expect("squashable commands are known");
@@ -418,6 +421,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                 sess.unflushed_replies += 1;
                 if may_write(c) {
                     sess.unflushed_write = true;
+                    sess.wrote_since_wait = true;
                 }
                 sess.note_command(c, &args);
                 batch.push_back((c, args));

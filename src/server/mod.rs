@@ -43,7 +43,18 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
         .to_string();
     if let Some((host, port)) = replicaof.trim().split_once(' ') {
         match port.trim().parse::<u16>() {
-            Ok(port) => crate::repl::replica::follow(&shared, host.to_string(), port),
+            Ok(port) => {
+                let host = host.to_string();
+                shared.send(
+                    0,
+                    Box::new(move |w| {
+                        let shared = w.shared.clone();
+                        tokio::task::spawn_local(async move {
+                            crate::repl::replica::follow(&shared, host, port).await
+                        });
+                    }),
+                );
+            }
             Err(_) => tracing::warn!("Ignoring the replicaof line '{replicaof}': bad port"),
         }
     }

@@ -66,6 +66,10 @@ pub struct Session {
     pub replaying: bool,
     /// What a replica said with REPLCONF before PSYNC.
     pub replconf: Option<Box<crate::repl::master::ReplConf>>,
+    /// WAIT's reference: whether a command that may write ran since the last WAIT, and
+    /// the stream offset that covered this connection's writes then.
+    pub wrote_since_wait: bool,
+    pub write_offset: u64,
 }
 
 impl Session {
@@ -99,6 +103,8 @@ impl Session {
             unflushed_write: false,
             replaying: false,
             replconf: None,
+            wrote_since_wait: false,
+            write_offset: 0,
         }
     }
 

@@ -651,6 +651,13 @@ pub struct ExecCtx<'a> {
 }
 
 impl ExecCtx<'_> {
+    /// Whether an expiry time at `at_ms` means the key goes at once. Not on a replica:
+    /// there the key keeps the time and waits for its master's DEL, as Redis's replicas
+    /// do (a command applied late must not delete what the master still holds).
+    pub fn already_expired(&self, at_ms: i64) -> bool {
+        at_ms <= self.now_ms as i64 && !self.shard.shared.repl.is_replica()
+    }
+
     /// Whether the AOF wants this command's effect: handlers check before building one.
     #[inline]
     pub fn logging(&self) -> bool {
