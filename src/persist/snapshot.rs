@@ -21,8 +21,11 @@ use super::serialize::{begin_on_shard, Msg};
 use crate::shard::tx::Tx;
 use crate::shard::{broadcast, unix_ms, Worker};
 
-/// Messages in flight to the writer thread: with 32 KiB messages, about 128 KiB.
-const WRITER_QUEUE: usize = 4;
+/// Messages in flight to the writer thread: with 32 KiB messages, about 1 MiB. A shard
+/// that finds the queue full sleeps a millisecond, so the queue must hold more than the
+/// writer drains in that time: at 4 messages a full sync of 1M jobs took 5x Redis's
+/// time; at 32, 1.4x, for 1 MiB (scripts/bench-replication.py, BENCHMARKS.md).
+const WRITER_QUEUE: usize = 32;
 
 /// Where `dir` and `dbfilename` put the snapshot.
 pub fn rdb_path(worker: &Worker) -> PathBuf {

@@ -176,6 +176,19 @@ fn encode_with(input: &[u8], limit: usize, bits: u32, table: &mut [u32]) -> Opti
             if dist <= MAX_DIST && input[r..r + MIN_MATCH] == input[i..i + MIN_MATCH] {
                 let max = (n - i).min(MAX_MATCH);
                 let mut len = MIN_MATCH;
+                // Eight bytes at a time: queued jobs differ in a few bytes each, so
+                // matches run long and this loop is most of the compressor's time.
+                while len + 8 <= max {
+                    let word = |at: usize| {
+                        u64::from_le_bytes(input[at..at + 8].try_into().expect("8 bytes"))
+                    };
+                    let diff = word(r + len) ^ word(i + len);
+                    if diff != 0 {
+                        len += (diff.trailing_zeros() / 8) as usize;
+                        break;
+                    }
+                    len += 8;
+                }
                 while len < max && input[r + len] == input[i + len] {
                     len += 1;
                 }
