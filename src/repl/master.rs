@@ -338,11 +338,27 @@ async fn feed_loop(
     let limits = ParseLimits {
         max_bulk_len: 1 << 20,
     };
+    let timeout_ms = 1000
+        * sess
+            .worker
+            .shared
+            .config
+            .lock()
+            .expect("config lock")
+            .get_i64("repl-timeout")
+            .max(1) as u64;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = handle.wake.notified() => {
                 if handle.killed.get() {
                     return Err("killed".into());
+                }
+            }
+            _ = tick.tick() => {
+                // A replica that stopped acknowledging is gone, as Redis judges it.
+                if unix_ms().saturating_sub(entry.last_ack_ms.load(Ordering::Relaxed)) > timeout_ms {
+                    return Err("timeout: no ACK within repl-timeout".into());
                 }
             }
             chunk = rx.recv(), if !wait_ack => {

@@ -469,6 +469,7 @@ async fn full_sync(
         ReplMsg::Follow {
             replid: replid.to_string(),
             offset,
+            db: stream_db,
         },
     );
     shared

@@ -75,8 +75,13 @@ pub enum ReplMsg {
     /// A replica's master sent these bytes, now applied (`db`: the database the stream is
     /// in after them).
     Upstream { bytes: Bytes, db: usize },
-    /// This server loaded its master's dataset at `offset` of `replid` (a full sync).
-    Follow { replid: String, offset: u64 },
+    /// This server loaded its master's dataset at `offset` of `replid` (a full sync), and
+    /// the stream goes on in database `db`.
+    Follow {
+        replid: String,
+        offset: u64,
+        db: usize,
+    },
     /// The master accepted a partial resync under `replid` (a new id when it was
     /// promoted): the stream goes on from where this server's dataset stands.
     Resumed { replid: String },
@@ -228,7 +233,7 @@ impl Stream {
                     self.db = Some(db);
                 }
             }
-            ReplMsg::Follow { replid, offset } => {
+            ReplMsg::Follow { replid, offset, db } => {
                 self.flush();
                 self.drop_feeds("its master did a full resync");
                 let size = self.shared.repl.backlog_size.load(Ordering::Relaxed) as usize;
@@ -240,7 +245,7 @@ impl Stream {
                     .backlog_active
                     .store(true, Ordering::Relaxed);
                 self.upstream = true;
-                self.db = Some(0);
+                self.db = Some(db);
                 self.set_ids(|ids| {
                     ids.replid = replid;
                     ids.replid2 = "0".repeat(40);
