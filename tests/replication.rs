@@ -1443,6 +1443,71 @@ fn replica_keeps_a_key_whose_expiry_passed_in_transit() {
 }
 
 // ---------------------------------------------------------------------------
+// FAILOVER (Redis 6.2+): a planned switch of roles
+// ---------------------------------------------------------------------------
+
+threads_1_and_4!(failover_swaps_roles_without_a_full_sync, failover_swap);
+/// FAILOVER TO the replica: the replica becomes the master, the old master its replica,
+/// continuing with a partial resync; nothing written before is lost, and writes on the
+/// new master reach the old one. Written from the FAILOVER command's documentation.
+fn failover_swap(threads: usize) {
+    let a = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    assert_err_exact(
+        &a.client().cmd(&["FAILOVER"]),
+        "ERR FAILOVER requires connected replicas.",
+        "FAILOVER without replicas",
+    );
+    fill_dataset(&mut a.client());
+    let b = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    replicaof(&b, &a);
+    wait_synced(&a, &b, "B after its full sync");
+    write_workload(&a, 1);
+    wait_synced(&a, &b, "B after the writes on A");
+    let full_on_b = stat(&b, "sync_full");
+    let bport = b.port.to_string();
+    assert_ok(
+        a.client()
+            .cmd(&["FAILOVER", "TO", "127.0.0.1", &bport, "TIMEOUT", "10000"]),
+        "FAILOVER TO B",
+    );
+    wait_until(
+        WAIT,
+        || {
+            let ai = info(&mut a.client(), "replication");
+            let bi = info(&mut b.client(), "replication");
+            bi.get("role").map(String::as_str) == Some("master")
+                && ai.get("role").map(String::as_str) == Some("slave")
+                && ai.get("master_port") == Some(&bport)
+                && ai.get("master_link_status").map(String::as_str) == Some("up")
+                && ai.get("master_failover_state").map(String::as_str) == Some("no-failover")
+        },
+        || {
+            format!(
+                "B is the master and A its replica, link up, failover over{}",
+                diag(&[("A", &a), ("B", &b)])
+            )
+        },
+    );
+    assert_eq!(
+        stat(&b, "sync_full"),
+        full_on_b,
+        "A continued with a partial resync: B served no full sync"
+    );
+    assert!(
+        stat(&b, "sync_partial_ok") >= 1,
+        "A continued with a partial resync from B"
+    );
+    assert_err_exact(
+        &a.client().cmd(&["FAILOVER"]),
+        "ERR FAILOVER is not valid when server is a replica.",
+        "FAILOVER on the new replica",
+    );
+    write_workload(&b, 2);
+    wait_synced(&b, &a, "A (now a replica) after the writes on B");
+    assert_same_contents(&b, &a, "A after the failover and the writes on B", false);
+}
+
+// ---------------------------------------------------------------------------
 // REPLICAOF NO ONE, then another master
 // ---------------------------------------------------------------------------
 
