@@ -1489,6 +1489,69 @@ fn replica_that_cannot_apply_a_command_resyncs_in_full() {
     );
 }
 
+threads_1_and_4!(
+    a_replica_that_stops_reading_is_dropped_at_its_buffer_limit,
+    replica_buffer_limit
+);
+/// A replica that stops reading its stream is dropped once what waits for it passes
+/// `client-output-buffer-limit replica` (hard limit), and the master's writers go on
+/// meanwhile: every write is answered. From redis.conf's description of the limits.
+fn replica_buffer_limit(threads: usize) {
+    let master = sut(
+        &[
+            "--repl-diskless-sync-delay",
+            "0",
+            "--client-output-buffer-limit",
+            "replica",
+            "4mb",
+            "2mb",
+            "60",
+        ],
+        threads,
+    );
+    let (mut r, _replid, _offset) = RawReplica::psync_full(&master, 1);
+    r.read_rdb();
+    // The first ACK starts the stream after a diskless payload; then this replica reads
+    // nothing more.
+    r.c.send(&["REPLCONF", "ACK", "0"]);
+    wait_until(
+        WAIT,
+        || {
+            int_field(
+                &info(&mut master.client(), "replication"),
+                "connected_slaves",
+            ) == 1
+        },
+        || "the raw replica is attached".to_string(),
+    );
+    let mut mc = master.client();
+    let value = "x".repeat(256 * 1024);
+    // 64 MB of writes: far past the 4 MB limit and the kernel's socket buffers.
+    for i in 0..256 {
+        let key = format!("big:{i}");
+        assert_ok(
+            mc.cmd(&["SET", key.as_str(), value.as_str()]),
+            "a write while the replica does not read",
+        );
+    }
+    wait_until(
+        WAIT,
+        || {
+            int_field(
+                &info(&mut master.client(), "replication"),
+                "connected_slaves",
+            ) == 0
+        },
+        || {
+            format!(
+                "the replica is dropped past its output buffer limit{}",
+                diag(&[("master", &master)])
+            )
+        },
+    );
+    assert_ok(mc.cmd(&["SET", "after", "1"]), "a write after the drop");
+}
+
 // ---------------------------------------------------------------------------
 // FAILOVER (Redis 6.2+): a planned switch of roles
 // ---------------------------------------------------------------------------

@@ -73,7 +73,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
         .lock()
         .expect("replicas lock")
         .push(entry.clone());
-    let (feed, rx, queued) = Feed::new(entry.clone());
+    let (feed, end) = Feed::new(entry.clone());
     let fed = match attach(sess, &worker, &conf, psync, feed).await {
         Ok(wait_ack) => {
             entry.state.store(REPLICA_ONLINE, Ordering::Relaxed);
@@ -83,7 +83,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
                 entry.ip,
                 entry.port.load(Ordering::Relaxed)
             );
-            feed_loop(sess, &entry, rx, &queued, wait_ack).await
+            feed_loop(sess, &entry, end, wait_ack).await
         }
         Err(e) => Err(e),
     };
@@ -138,9 +138,7 @@ async fn attach(
                     } else {
                         "+CONTINUE\r\n".to_string()
                     };
-                    io::write_all(stream, line.as_bytes())
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    write_timed(stream, line.as_bytes(), Duration::from_secs(60)).await?;
                     tracing::info!("Partial resynchronization request from replica accepted, continuing from offset {from}");
                     return Ok(false);
                 }
@@ -174,6 +172,14 @@ async fn full_sync(
     };
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
+    let limit = Duration::from_secs(
+        shared
+            .config
+            .lock()
+            .expect("config lock")
+            .get_i64("repl-timeout")
+            .max(1) as u64,
+    );
     if diskless && delay > 0 {
         tokio::time::sleep(Duration::from_secs(delay)).await;
     }
@@ -247,37 +253,43 @@ async fn full_sync(
     );
     if psync {
         let line = format!("+FULLRESYNC {} {}\r\n", a.replid, a.offset);
-        io::write_all(stream, line.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, line.as_bytes(), limit).await?;
     }
     if let Some(mut rx) = chunks {
         let mut mark = [0u8; 20];
         super::fill_random(&mut mark);
         let mark: String = mark.iter().map(|b| format!("{b:02x}")).collect();
-        io::write_all(stream, format!("$EOF:{mark}\r\n").as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, format!("$EOF:{mark}\r\n").as_bytes(), limit).await?;
         while let Some(chunk) = rx.recv().await {
-            io::write_all(stream, &chunk)
-                .await
-                .map_err(|e| e.to_string())?;
+            write_timed(stream, &chunk, limit).await?;
         }
         cut.written
             .await
             .map_err(|_| "the snapshot writer stopped".to_string())?
             .map_err(|e| e.to_string())?;
-        io::write_all(stream, mark.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, mark.as_bytes(), limit).await?;
     } else {
         let path = path.expect("disk sync has a path");
-        let result = send_file(stream, cut, &path).await;
+        let result = send_file(stream, cut, &path, limit).await;
         let _ = std::fs::remove_file(&path);
         result?;
     }
     drop(release);
     Ok(diskless)
+}
+
+/// Writes to a replica during its full sync: a replica that takes no bytes for
+/// `repl-timeout` (60 s by default) is given up, so a stuck one cannot hold the snapshot
+/// (and the one-snapshot-at-a-time claim) for ever.
+async fn write_timed(
+    stream: Option<&tokio::net::TcpStream>,
+    data: &[u8],
+    limit: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, io::write_all(stream, data)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("timeout writing the RDB to the replica (repl-timeout)".into()),
+    }
 }
 
 /// Gives the snapshot claim back however a full sync ends.
@@ -297,6 +309,7 @@ async fn send_file(
     stream: Option<&tokio::net::TcpStream>,
     cut: snapshot::Cut,
     path: &std::path::Path,
+    limit: Duration,
 ) -> Result<(), String> {
     use std::io::Read;
     let len = cut
@@ -304,9 +317,7 @@ async fn send_file(
         .await
         .map_err(|_| "the snapshot writer stopped".to_string())?
         .map_err(|e| format!("the snapshot failed: {e}"))?;
-    io::write_all(stream, format!("${len}\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+    write_timed(stream, format!("${len}\r\n").as_bytes(), limit).await?;
     // Reads of a file just written come from the page cache: plain reads, in chunks.
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 128 * 1024];
@@ -315,9 +326,7 @@ async fn send_file(
         if n == 0 {
             break;
         }
-        io::write_all(stream, &buf[..n])
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, &buf[..n], limit).await?;
     }
     Ok(())
 }
@@ -326,10 +335,14 @@ async fn send_file(
 async fn feed_loop(
     sess: &mut Session,
     entry: &ReplicaEntry,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
-    queued: &std::sync::atomic::AtomicU64,
+    end: super::stream::FeedEnd,
     mut wait_ack: bool,
 ) -> Result<(), String> {
+    let super::stream::FeedEnd {
+        mut rx,
+        queued,
+        dropped,
+    } = end;
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
     let handle = sess.handle.clone();
@@ -370,7 +383,27 @@ async fn feed_loop(
                 while let Ok(more) = rx.try_recv() {
                     out.extend_from_slice(&more);
                 }
-                io::write_all(stream, &out).await.map_err(|e| e.to_string())?;
+                // A replica that stops reading must not hold this task for ever: the
+                // stream's verdict (output buffer limit) and CLIENT KILL end the write.
+                let write = io::write_all(stream, &out);
+                tokio::pin!(write);
+                let mut check = tokio::time::interval(Duration::from_millis(100));
+                loop {
+                    tokio::select! {
+                        r = &mut write => {
+                            r.map_err(|e| e.to_string())?;
+                            break;
+                        }
+                        _ = check.tick() => {
+                            if dropped.load(Ordering::Acquire) {
+                                return Err("dropped: past client-output-buffer-limit replica".into());
+                            }
+                            if handle.killed.get() {
+                                return Err("killed".into());
+                            }
+                        }
+                    }
+                }
                 queued.fetch_sub(out.len() as u64, Ordering::Relaxed);
             }
             r = io::read_some(stream, &mut rbuf) => {

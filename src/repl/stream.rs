@@ -21,22 +21,37 @@ pub struct Feed {
     pub entry: Arc<ReplicaEntry>,
     pub tx: mpsc::UnboundedSender<Bytes>,
     pub queued: Arc<AtomicU64>,
+    /// Set when the stream drops this replica (past its output buffer limit), so its
+    /// task stops even while a write to the replica is stuck.
+    pub dropped: Arc<std::sync::atomic::AtomicBool>,
     soft_since: Option<Instant>,
 }
 
+/// The feed task's side of a replica's queue.
+pub struct FeedEnd {
+    pub rx: mpsc::UnboundedReceiver<Bytes>,
+    pub queued: Arc<AtomicU64>,
+    pub dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
 impl Feed {
-    pub fn new(entry: Arc<ReplicaEntry>) -> (Feed, mpsc::UnboundedReceiver<Bytes>, Arc<AtomicU64>) {
+    pub fn new(entry: Arc<ReplicaEntry>) -> (Feed, FeedEnd) {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicU64::new(0));
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         (
             Feed {
                 entry,
                 tx,
                 queued: queued.clone(),
+                dropped: dropped.clone(),
                 soft_since: None,
             },
-            rx,
-            queued,
+            FeedEnd {
+                rx,
+                queued,
+                dropped,
+            },
         )
     }
 
@@ -329,6 +344,7 @@ impl Stream {
                 f.soft_since = Some(now);
             }
             if drop_it {
+                f.dropped.store(true, Ordering::Release);
                 tracing::warn!(
                     "Client id={} (replica {}:{}) scheduled to be closed ASAP for overcoming of output buffer limits ({q} bytes queued).",
                     f.entry.client_id,
