@@ -172,14 +172,7 @@ async fn full_sync(
     };
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
-    let limit = Duration::from_secs(
-        shared
-            .config
-            .lock()
-            .expect("config lock")
-            .get_i64("repl-timeout")
-            .max(1) as u64,
-    );
+    let limit = super::timeout(&shared);
     if diskless && delay > 0 {
         tokio::time::sleep(Duration::from_secs(delay)).await;
     }
@@ -351,15 +344,7 @@ async fn feed_loop(
     let limits = ParseLimits {
         max_bulk_len: 1 << 20,
     };
-    let timeout_ms = 1000
-        * sess
-            .worker
-            .shared
-            .config
-            .lock()
-            .expect("config lock")
-            .get_i64("repl-timeout")
-            .max(1) as u64;
+    let timeout_ms = super::timeout(&sess.worker.shared).as_millis() as u64;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -453,49 +438,40 @@ pub async fn current_offset(worker: &Worker) -> u64 {
 /// WAITAOF: whether this server's AOF holds the caller's writes on disk (when `local`),
 /// and how many replicas said (FACK) theirs do.
 pub async fn waitaof(sess: &mut Session, local: bool, want: i64, timeout_ms: u64) -> (bool, i64) {
-    let worker = sess.worker.clone();
-    let shared = &worker.shared;
+    let shared = sess.worker.shared.clone();
     let mut local_ok = false;
     if local {
         let (done, wait) = oneshot::channel();
         shared.persist.aof.send(ToWriter::Sync { done });
         local_ok = matches!(wait.await, Ok(Ok(())));
     }
-    if want <= 0 || !shared.persist.aof.repl.load(Ordering::Acquire) {
+    if want <= 0 {
         return (local_ok, 0);
     }
-    if sess.wrote_since_wait {
-        sess.wrote_since_wait = false;
-        sess.write_offset = current_offset(&worker).await;
-    }
-    let target = sess.write_offset;
-    let count = || {
-        shared
-            .repl
-            .replicas()
-            .iter()
-            .filter(|r| r.fack_offset.load(Ordering::Relaxed) >= target)
-            .count() as i64
-    };
-    send(&worker, ReplMsg::GetAck);
-    let deadline =
-        (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
-    let handle = sess.handle.clone();
-    loop {
-        let n = count();
-        if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            return (local_ok, n);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
-            _ = handle.wake.notified() => if handle.killed.get() { return (local_ok, n) },
-        }
-    }
+    let n = wait_for_acks(sess, want, timeout_ms, |r| {
+        r.fack_offset.load(Ordering::Relaxed)
+    })
+    .await;
+    (local_ok, n)
 }
 
 /// WAIT numreplicas timeout: how many replicas acknowledged the stream up to the
 /// caller's writes. `timeout_ms` 0 waits for ever (while the client stays).
 pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
+    wait_for_acks(sess, want, timeout_ms, |r| {
+        r.ack_offset.load(Ordering::Relaxed)
+    })
+    .await
+}
+
+/// Counts the online replicas whose acknowledged offset (`acked`: ACK or FACK) covers
+/// this connection's writes, waiting until `want` do or the time is up.
+async fn wait_for_acks(
+    sess: &mut Session,
+    want: i64,
+    timeout_ms: u64,
+    acked: fn(&ReplicaEntry) -> u64,
+) -> i64 {
     let worker = sess.worker.clone();
     let shared = &worker.shared;
     if !shared.persist.aof.repl.load(Ordering::Acquire) {
@@ -513,14 +489,11 @@ pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
             .repl
             .replicas()
             .iter()
-            .filter(|r| {
-                r.state.load(Ordering::Relaxed) == REPLICA_ONLINE
-                    && r.ack_offset.load(Ordering::Relaxed) >= target
-            })
+            .filter(|r| r.state.load(Ordering::Relaxed) == REPLICA_ONLINE && acked(r) >= target)
             .count() as i64
     };
     let n = count();
-    if n >= want || shared.repl.is_replica() {
+    if n >= want {
         return n;
     }
     send(&worker, ReplMsg::GetAck);
@@ -532,9 +505,8 @@ pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
         if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             return n;
         }
-        let tick = tokio::time::sleep(Duration::from_millis(2));
         tokio::select! {
-            _ = tick => {}
+            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
             r = io::read_some(stream.as_deref(), &mut sess.stash) => {
                 if matches!(r, Ok(0) | Err(_)) {
