@@ -1552,6 +1552,59 @@ fn replica_buffer_limit(threads: usize) {
     assert_ok(mc.cmd(&["SET", "after", "1"]), "a write after the drop");
 }
 
+threads_1_and_4!(
+    publish_on_the_master_reaches_subscribers_of_replicas,
+    publish_to_replicas
+);
+/// A message published on a master reaches the clients subscribed on its replicas (Redis
+/// propagates PUBLISH in the replication stream), and on a chained replica too.
+fn publish_to_replicas(threads: usize) {
+    let master = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    let replica = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    replicaof(&replica, &master);
+    wait_synced(&master, &replica, "the replica after its full sync");
+    let chained = sut(&[], threads);
+    replicaof(&chained, &replica);
+    wait_synced(
+        &replica,
+        &chained,
+        "the chained replica after its full sync",
+    );
+    let mut subs = Vec::new();
+    for (name, node) in [("replica", &replica), ("chained replica", &chained)] {
+        let mut s = node.client();
+        s.send(&["SUBSCRIBE", "news"]);
+        let confirm = s.read();
+        assert_eq!(
+            confirm,
+            Resp::Array(vec![
+                Resp::bulk("subscribe"),
+                Resp::bulk("news"),
+                Resp::Integer(1)
+            ]),
+            "SUBSCRIBE on the {name}"
+        );
+        subs.push((name, s));
+    }
+    master.client().cmd(&["PUBLISH", "news", "hello"]);
+    for (name, s) in &mut subs {
+        assert_eq!(
+            s.read(),
+            Resp::Array(vec![
+                Resp::bulk("message"),
+                Resp::bulk("news"),
+                Resp::bulk("hello")
+            ]),
+            "the message published on the master, on the {name}"
+        );
+    }
+    wait_synced(
+        &master,
+        &chained,
+        "offsets along the chain after the PUBLISH",
+    );
+}
+
 // ---------------------------------------------------------------------------
 // FAILOVER (Redis 6.2+): a planned switch of roles
 // ---------------------------------------------------------------------------

@@ -67,6 +67,8 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
         last_ack_ms: unix_ms().into(),
     });
     sess.handle.info.borrow_mut().kind = crate::server::clients::KIND_REPLICA;
+    // INFO's connected_clients leaves replicas out, as Redis's does.
+    shared.connected_clients.fetch_sub(1, Ordering::AcqRel);
     shared
         .repl
         .replicas
@@ -94,6 +96,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
             entry.port.load(Ordering::Relaxed)
         );
     }
+    shared.connected_clients.fetch_add(1, Ordering::AcqRel);
     send(&worker, ReplMsg::Detach(sess.id));
     shared
         .repl
@@ -426,6 +429,17 @@ fn on_replica_command(entry: &ReplicaEntry, args: &[Bytes]) -> bool {
         return true;
     }
     false
+}
+
+/// PUBLISH on a master: the message goes to the replicas in the stream, not to the AOF.
+pub fn propagate_publish(worker: &Worker, args: &[Bytes]) {
+    let shared = &worker.shared;
+    if !shared.persist.aof.repl.load(Ordering::Relaxed) || shared.repl.is_replica() {
+        return;
+    }
+    let mut bytes = Vec::new();
+    crate::persist::aof::effects::encode(&mut bytes, args);
+    send(worker, ReplMsg::Publish(bytes));
 }
 
 /// The stream's offset once everything this thread handed over is in it.
