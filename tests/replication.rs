@@ -1605,6 +1605,78 @@ fn publish_to_replicas(threads: usize) {
     );
 }
 
+/// A replica that goes away in the middle of its full sync leaves the master able to
+/// snapshot again (BGSAVE succeeds once that sync's snapshot is over) and no temporary
+/// file behind, with disk-based and diskless syncs.
+#[test]
+fn a_replica_gone_mid_sync_leaves_no_snapshot_behind() {
+    for diskless in ["yes", "no"] {
+        let dir = TempDir::new("repl-gone");
+        let d = dir.arg();
+        let master = KiteServer::start(
+            &[
+                "--dir",
+                &d,
+                "--repl-diskless-sync",
+                diskless,
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+            4,
+        );
+        let mut mc = master.client();
+        let value = "v".repeat(1024);
+        for chunk in 0..40 {
+            let cmds: Vec<Vec<String>> = (0..1000)
+                .map(|i| vec!["SET".into(), format!("k:{chunk}:{i}"), value.clone()])
+                .collect();
+            for r in mc.pipeline(&cmds) {
+                assert_eq!(r, Resp::ok(), "loading the dataset");
+            }
+        }
+        let (r, _replid, _offset) = RawReplica::psync_full(&master, 1);
+        drop(r);
+        wait_until(
+            WAIT,
+            || {
+                let reply = master.client().cmd(&["BGSAVE"]);
+                !reply.is_error()
+            },
+            || format!("BGSAVE is accepted again after the replica left (diskless {diskless})"),
+        );
+        wait_until(
+            WAIT,
+            || {
+                int_field(
+                    &info(&mut master.client(), "persistence"),
+                    "rdb_bgsave_in_progress",
+                ) == 0
+            },
+            || "the BGSAVE ends".to_string(),
+        );
+        wait_until(
+            WAIT,
+            || {
+                !std::fs::read_dir(dir.path())
+                    .expect("read the directory")
+                    .any(|e| {
+                        e.map(|e| e.file_name().to_string_lossy().starts_with("temp"))
+                            .unwrap_or(false)
+                    })
+            },
+            || format!("no temporary file left in {d} (diskless {diskless})"),
+        );
+        assert_eq!(
+            int_field(
+                &info(&mut master.client(), "replication"),
+                "connected_slaves"
+            ),
+            0,
+            "the replica that left is not listed"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // FAILOVER (Redis 6.2+): a planned switch of roles
 // ---------------------------------------------------------------------------
