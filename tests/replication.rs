@@ -1677,6 +1677,49 @@ fn a_replica_gone_mid_sync_leaves_no_snapshot_behind() {
     }
 }
 
+threads_1_and_4!(
+    a_restarted_replica_continues_with_a_partial_resync,
+    replica_restart
+);
+/// A replica saved on shutdown (`SHUTDOWN SAVE`) and started again on the same directory
+/// with the same `replicaof` continues its master's stream with a partial resync: its
+/// RDB records the master's replication id and the offset it had applied (Redis 4.0+).
+fn replica_restart(threads: usize) {
+    let master = redis_master(&[]);
+    fill_reference_redis(&mut master.client());
+    let dir = TempDir::new("repl-restart");
+    let d = dir.arg();
+    let mport = master.port.to_string();
+    let start = || KiteServer::start(&["--dir", &d, "--replicaof", "127.0.0.1", &mport], threads);
+    let mut replica = start();
+    wait_synced(&master, &replica, "the replica after its first sync");
+    write_workload(&master, 1);
+    wait_synced(&master, &replica, "the replica after the writes");
+    let full = stat(&master, "sync_full");
+    let partial = stat(&master, "sync_partial_ok");
+    replica.client().send(&["SHUTDOWN", "SAVE"]);
+    wait_until(
+        WAIT,
+        || !replica.is_running(),
+        || "the replica exits after SHUTDOWN SAVE".to_string(),
+    );
+    // Writes meanwhile: the backlog must carry them to the restarted replica.
+    write_workload(&master, 2);
+    let replica = start();
+    wait_synced(&master, &replica, "the restarted replica");
+    assert_eq!(
+        stat(&master, "sync_full"),
+        full,
+        "the restarted replica did not need a full sync"
+    );
+    assert_eq!(
+        stat(&master, "sync_partial_ok"),
+        partial + 1,
+        "the restarted replica continued with a partial resync"
+    );
+    assert_same_contents(&master, &replica, "the restarted replica", true);
+}
+
 // ---------------------------------------------------------------------------
 // FAILOVER (Redis 6.2+): a planned switch of roles
 // ---------------------------------------------------------------------------

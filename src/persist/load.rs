@@ -183,6 +183,7 @@ pub fn load_at_startup(shared: Arc<Shared>) {
     spawn_loader(shared, "kite-rdb-loader", move |shared| {
         let started = std::time::Instant::now();
         if let Some(l) = load_file(shared, &path)? {
+            crate::repl::replica::restore_from_rdb(shared, &l.aux);
             shared.persist.loaded_keys.store(l.keys, Ordering::Relaxed);
             shared
                 .persist

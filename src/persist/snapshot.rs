@@ -202,17 +202,27 @@ pub(crate) async fn cut(
         state.bgsave_in_progress.store(false, Ordering::Release);
         return Err(format!("ERR cannot start the snapshot writer: {e}"));
     }
+    // A replica's own snapshot records where in its master's stream it stands, so that it
+    // can continue with a partial resync after a restart; no applied command may fall
+    // between that offset and the cut.
+    let replica_gate = if at_cut.is_none() && worker.shared.repl.is_replica() {
+        Some(worker.shared.repl.apply_gate.lock().await)
+    } else {
+        None
+    };
     let tx = Tx::lock_keys(worker, &[], true).await;
     let dirty = broadcast(worker, move |w| begin_on_shard(w, &to_writer, opts)).await;
     // An AOF rewrite switches files before the FUNCTION libraries are read: a library
     // loaded meanwhile is then in the base or logged after the switch (or both, which
     // replays harmlessly), never in neither.
-    let aux = match at_cut {
-        Some(f) => f(worker),
-        None => Vec::new(),
+    let aux = match (at_cut, &replica_gate) {
+        (Some(f), _) => f(worker),
+        (None, Some(_)) => crate::repl::replica::save_info(&worker.shared),
+        (None, None) => Vec::new(),
     };
     let _ = head_tx.send(header_with(&opts, &aux));
     drop(tx);
+    drop(replica_gate);
     Ok(Cut {
         started,
         path,

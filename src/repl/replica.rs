@@ -100,6 +100,62 @@ pub async fn promote(shared: &Arc<Shared>) {
     tracing::info!("MASTER MODE enabled (user request)");
 }
 
+/// The AUX fields of a replica's own snapshot: its master's replication id, the offset
+/// applied and the stream's database (taken while the link applies nothing).
+pub fn save_info(shared: &Shared) -> Vec<(String, Vec<u8>)> {
+    let r = &shared.repl;
+    if !r.backlog_active.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
+    vec![
+        (
+            "repl-stream-db".to_string(),
+            r.last_db.load(Ordering::Relaxed).to_string().into_bytes(),
+        ),
+        ("repl-id".to_string(), r.ids().replid.into_bytes()),
+        (
+            "repl-offset".to_string(),
+            r.offset.load(Ordering::Relaxed).to_string().into_bytes(),
+        ),
+    ]
+}
+
+/// At start-up, a replica that loaded its own snapshot takes the replication id and
+/// offset recorded in it, so its first PSYNC can continue instead of copying everything.
+pub fn restore_from_rdb(shared: &Shared, aux: &[(Vec<u8>, Vec<u8>)]) {
+    let replicaof = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .get("replicaof")
+        .to_string();
+    if replicaof.trim().is_empty() {
+        return;
+    }
+    let field = |name: &str| {
+        aux.iter()
+            .find(|(k, _)| k == name.as_bytes())
+            .and_then(|(_, v)| std::str::from_utf8(v).ok().map(str::to_string))
+    };
+    let (Some(replid), Some(offset)) = (
+        field("repl-id").filter(|id| id.len() == 40),
+        field("repl-offset").and_then(|o| o.parse::<u64>().ok()),
+    ) else {
+        return;
+    };
+    let db = field("repl-stream-db")
+        .and_then(|d| d.parse::<usize>().ok())
+        .filter(|&d| d < shared.tunables.databases)
+        .unwrap_or(0);
+    let r = &shared.repl;
+    r.ids.lock().expect("repl ids lock").replid = replid.clone();
+    r.offset.store(offset, Ordering::Relaxed);
+    r.last_db.store(db as u64, Ordering::Relaxed);
+    r.backlog_active.store(true, Ordering::Relaxed);
+    send(shared, ReplMsg::Follow { replid, offset, db });
+    tracing::info!("Restored the master's replication ID and offset ({offset}) from the RDB: a partial resync is possible");
+}
+
 fn current(shared: &Shared, gen: u64) -> bool {
     shared.repl.generation.load(Ordering::Acquire) == gen
 }
@@ -680,6 +736,7 @@ fn commit(shared: &Shared, raw: &mut Vec<u8>, committed: &mut u64, end: u64, db:
     raw.drain(..n);
     *committed = end;
     shared.repl.offset.store(end, Ordering::Relaxed);
+    shared.repl.last_db.store(db as u64, Ordering::Relaxed);
     send(shared, ReplMsg::Upstream { bytes, db });
 }
 
