@@ -187,14 +187,21 @@ fn split_config_flags(args: Vec<String>) -> (Vec<String>, Vec<(String, String)>)
         let name = a.strip_prefix("--").map(|n| n.replace('_', "-"));
         match name {
             Some(n) if !n.is_empty() && !known.contains(&n) && config::find_param(&n).is_some() => {
-                // As redis-server does, every word up to the next `--` option is the
-                // value: `--replicaof 127.0.0.1 6379`, `--save 60 1000`.
-                let mut words = Vec::new();
+                // A value may be several words, as redis-server takes them:
+                // `--replicaof 127.0.0.1 6379`, `--save 60 1000 300 10`. Words after the
+                // first continue it only while they look like parts of such a value
+                // (numbers, sizes, buffer classes), so a configuration file named after
+                // the flags is still the file.
+                let mut words: Vec<String> = Vec::new();
                 while let Some(v) = it.peek() {
-                    if v.starts_with("--") && v.len() > 2 {
+                    let continues = !v.starts_with("--")
+                        && (config::parse_memory(v).is_some()
+                            || matches!(v.as_str(), "normal" | "replica" | "slave" | "pubsub"));
+                    if words.is_empty() && !(v.starts_with("--") && v.len() > 2) || continues {
+                        words.push(it.next().unwrap_or_default());
+                    } else {
                         break;
                     }
-                    words.push(it.next().unwrap_or_default());
                 }
                 let value = words.join(" ");
                 pairs.push((n, value));

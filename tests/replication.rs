@@ -1442,6 +1442,181 @@ fn replica_keeps_a_key_whose_expiry_passed_in_transit() {
     );
 }
 
+/// A command in the master's stream that the replica cannot apply (here PFADD, which Kite
+/// does not have yet: issue 13) must not leave the replica silently diverged: it drops
+/// the link, says so in its log, and the next sync is a full one, whose RDB carries the
+/// key. Kite only: a Redis replica applies PFADD.
+#[test]
+fn replica_that_cannot_apply_a_command_resyncs_in_full() {
+    if kite_is_redis() {
+        eprintln!("skipped: about a command Kite cannot apply; redis-server applies it");
+        return;
+    }
+    let master = redis_master(&[]);
+    let replica = sut(&[], 2);
+    replicaof(&replica, &master);
+    wait_synced(&master, &replica, "after the first full sync");
+    let full_before = stat(&master, "sync_full");
+    let mut mc = master.client();
+    assert_eq!(
+        mc.cmd(&["PFADD", "hll", "a", "b", "c"]),
+        Resp::Integer(1),
+        "PFADD on the master"
+    );
+    assert_ok(mc.cmd(&["SET", "after", "1"]), "SET after the PFADD");
+    wait_until(
+        WAIT,
+        || stat(&master, "sync_full") > full_before,
+        || {
+            format!(
+                "the replica drops the link and asks for a full sync{}",
+                diag(&[("master", &master), ("replica", &replica)])
+            )
+        },
+    );
+    wait_synced(&master, &replica, "after the full resync");
+    let mut rc = replica.client();
+    assert_eq!(
+        rc.cmd(&["GET", "hll"]),
+        mc.cmd(&["GET", "hll"]),
+        "the HyperLogLog's bytes reached the replica through the RDB"
+    );
+    assert_eq!(rc.cmd(&["GET", "after"]), Resp::bulk("1"), "GET after");
+    assert!(
+        replica.log_tail(200).to_lowercase().contains("pfadd"),
+        "the replica's log names the command it could not apply:\n{}",
+        replica.log_tail(40)
+    );
+}
+
+threads_1_and_4!(
+    a_replica_that_stops_reading_is_dropped_at_its_buffer_limit,
+    replica_buffer_limit
+);
+/// A replica that stops reading its stream is dropped once what waits for it passes
+/// `client-output-buffer-limit replica` (hard limit), and the master's writers go on
+/// meanwhile: every write is answered. From redis.conf's description of the limits.
+fn replica_buffer_limit(threads: usize) {
+    let master = sut(
+        &[
+            "--repl-diskless-sync-delay",
+            "0",
+            "--client-output-buffer-limit",
+            "replica",
+            "4mb",
+            "2mb",
+            "60",
+        ],
+        threads,
+    );
+    let (mut r, _replid, _offset) = RawReplica::psync_full(&master, 1);
+    r.read_rdb();
+    // The first ACK starts the stream after a diskless payload; then this replica reads
+    // nothing more.
+    r.c.send(&["REPLCONF", "ACK", "0"]);
+    wait_until(
+        WAIT,
+        || {
+            int_field(
+                &info(&mut master.client(), "replication"),
+                "connected_slaves",
+            ) == 1
+        },
+        || "the raw replica is attached".to_string(),
+    );
+    let mut mc = master.client();
+    let value = "x".repeat(256 * 1024);
+    // 64 MB of writes: far past the 4 MB limit and the kernel's socket buffers.
+    for i in 0..256 {
+        let key = format!("big:{i}");
+        assert_ok(
+            mc.cmd(&["SET", key.as_str(), value.as_str()]),
+            "a write while the replica does not read",
+        );
+    }
+    wait_until(
+        WAIT,
+        || {
+            int_field(
+                &info(&mut master.client(), "replication"),
+                "connected_slaves",
+            ) == 0
+        },
+        || {
+            format!(
+                "the replica is dropped past its output buffer limit{}",
+                diag(&[("master", &master)])
+            )
+        },
+    );
+    assert_ok(mc.cmd(&["SET", "after", "1"]), "a write after the drop");
+}
+
+// ---------------------------------------------------------------------------
+// FAILOVER (Redis 6.2+): a planned switch of roles
+// ---------------------------------------------------------------------------
+
+threads_1_and_4!(failover_swaps_roles_without_a_full_sync, failover_swap);
+/// FAILOVER TO the replica: the replica becomes the master, the old master its replica,
+/// continuing with a partial resync; nothing written before is lost, and writes on the
+/// new master reach the old one. Written from the FAILOVER command's documentation.
+fn failover_swap(threads: usize) {
+    let a = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    assert_err_exact(
+        &a.client().cmd(&["FAILOVER"]),
+        "ERR FAILOVER requires connected replicas.",
+        "FAILOVER without replicas",
+    );
+    fill_dataset(&mut a.client());
+    let b = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    replicaof(&b, &a);
+    wait_synced(&a, &b, "B after its full sync");
+    write_workload(&a, 1);
+    wait_synced(&a, &b, "B after the writes on A");
+    let full_on_b = stat(&b, "sync_full");
+    let bport = b.port.to_string();
+    assert_ok(
+        a.client()
+            .cmd(&["FAILOVER", "TO", "127.0.0.1", &bport, "TIMEOUT", "10000"]),
+        "FAILOVER TO B",
+    );
+    wait_until(
+        WAIT,
+        || {
+            let ai = info(&mut a.client(), "replication");
+            let bi = info(&mut b.client(), "replication");
+            bi.get("role").map(String::as_str) == Some("master")
+                && ai.get("role").map(String::as_str) == Some("slave")
+                && ai.get("master_port") == Some(&bport)
+                && ai.get("master_link_status").map(String::as_str) == Some("up")
+                && ai.get("master_failover_state").map(String::as_str) == Some("no-failover")
+        },
+        || {
+            format!(
+                "B is the master and A its replica, link up, failover over{}",
+                diag(&[("A", &a), ("B", &b)])
+            )
+        },
+    );
+    assert_eq!(
+        stat(&b, "sync_full"),
+        full_on_b,
+        "A continued with a partial resync: B served no full sync"
+    );
+    assert!(
+        stat(&b, "sync_partial_ok") >= 1,
+        "A continued with a partial resync from B"
+    );
+    assert_err_exact(
+        &a.client().cmd(&["FAILOVER"]),
+        "ERR FAILOVER is not valid when server is a replica.",
+        "FAILOVER on the new replica",
+    );
+    write_workload(&b, 2);
+    wait_synced(&b, &a, "A (now a replica) after the writes on B");
+    assert_same_contents(&b, &a, "A after the failover and the writes on B", false);
+}
+
 // ---------------------------------------------------------------------------
 // REPLICAOF NO ONE, then another master
 // ---------------------------------------------------------------------------

@@ -96,7 +96,7 @@ async_handler!(role, |sess, _args| {
 /// capabilities). ACK and GETACK only mean something on a replication link, which
 /// reads them itself; from a client they are ignored, as in Redis.
 pub fn replconf(sess: &mut Session, args: &[Bytes]) {
-    if args.len() % 2 == 0 {
+    if args.len().is_multiple_of(2) {
         return sess.error("ERR syntax error");
     }
     let mut conf = sess.replconf.as_deref().cloned().unwrap_or_default();

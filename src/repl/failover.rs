@@ -148,7 +148,10 @@ async fn run(worker: Rc<Worker>, plan: Plan) {
     let r = &shared.repl;
     let started = unix_ms();
     let timed_out = || plan.timeout_ms > 0 && unix_ms().saturating_sub(started) >= plan.timeout_ms;
-    // Waiting for the replica to have everything.
+    // Waiting for the replica to have everything. One GETACK: its answer (and the
+    // replica's ACK each second after it) tells where the replica stands; asking again
+    // would move the offset it must reach.
+    shared.persist.aof.send(ToWriter::Repl(ReplMsg::GetAck));
     let chosen = loop {
         if r.failover_abort.load(Ordering::Acquire) {
             return end(&worker, "FAILOVER aborted by user request").await;
@@ -177,7 +180,6 @@ async fn run(worker: Rc<Worker>, plan: Plan) {
                 }
             }
         }
-        shared.persist.aof.send(ToWriter::Repl(ReplMsg::GetAck));
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     r.failover_state.store(IN_PROGRESS, Ordering::Release);

@@ -73,7 +73,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
         .lock()
         .expect("replicas lock")
         .push(entry.clone());
-    let (feed, rx, queued) = Feed::new(entry.clone());
+    let (feed, end) = Feed::new(entry.clone());
     let fed = match attach(sess, &worker, &conf, psync, feed).await {
         Ok(wait_ack) => {
             entry.state.store(REPLICA_ONLINE, Ordering::Relaxed);
@@ -83,7 +83,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
                 entry.ip,
                 entry.port.load(Ordering::Relaxed)
             );
-            feed_loop(sess, &entry, rx, &queued, wait_ack).await
+            feed_loop(sess, &entry, end, wait_ack).await
         }
         Err(e) => Err(e),
     };
@@ -138,9 +138,7 @@ async fn attach(
                     } else {
                         "+CONTINUE\r\n".to_string()
                     };
-                    io::write_all(stream, line.as_bytes())
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    write_timed(stream, line.as_bytes(), Duration::from_secs(60)).await?;
                     tracing::info!("Partial resynchronization request from replica accepted, continuing from offset {from}");
                     return Ok(false);
                 }
@@ -174,6 +172,7 @@ async fn full_sync(
     };
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
+    let limit = super::timeout(&shared);
     if diskless && delay > 0 {
         tokio::time::sleep(Duration::from_secs(delay)).await;
     }
@@ -247,37 +246,43 @@ async fn full_sync(
     );
     if psync {
         let line = format!("+FULLRESYNC {} {}\r\n", a.replid, a.offset);
-        io::write_all(stream, line.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, line.as_bytes(), limit).await?;
     }
     if let Some(mut rx) = chunks {
         let mut mark = [0u8; 20];
         super::fill_random(&mut mark);
         let mark: String = mark.iter().map(|b| format!("{b:02x}")).collect();
-        io::write_all(stream, format!("$EOF:{mark}\r\n").as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, format!("$EOF:{mark}\r\n").as_bytes(), limit).await?;
         while let Some(chunk) = rx.recv().await {
-            io::write_all(stream, &chunk)
-                .await
-                .map_err(|e| e.to_string())?;
+            write_timed(stream, &chunk, limit).await?;
         }
         cut.written
             .await
             .map_err(|_| "the snapshot writer stopped".to_string())?
             .map_err(|e| e.to_string())?;
-        io::write_all(stream, mark.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, mark.as_bytes(), limit).await?;
     } else {
         let path = path.expect("disk sync has a path");
-        let result = send_file(stream, cut, &path).await;
+        let result = send_file(stream, cut, &path, limit).await;
         let _ = std::fs::remove_file(&path);
         result?;
     }
     drop(release);
     Ok(diskless)
+}
+
+/// Writes to a replica during its full sync: a replica that takes no bytes for
+/// `repl-timeout` (60 s by default) is given up, so a stuck one cannot hold the snapshot
+/// (and the one-snapshot-at-a-time claim) for ever.
+async fn write_timed(
+    stream: Option<&tokio::net::TcpStream>,
+    data: &[u8],
+    limit: Duration,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, io::write_all(stream, data)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("timeout writing the RDB to the replica (repl-timeout)".into()),
+    }
 }
 
 /// Gives the snapshot claim back however a full sync ends.
@@ -297,6 +302,7 @@ async fn send_file(
     stream: Option<&tokio::net::TcpStream>,
     cut: snapshot::Cut,
     path: &std::path::Path,
+    limit: Duration,
 ) -> Result<(), String> {
     use std::io::Read;
     let len = cut
@@ -304,9 +310,7 @@ async fn send_file(
         .await
         .map_err(|_| "the snapshot writer stopped".to_string())?
         .map_err(|e| format!("the snapshot failed: {e}"))?;
-    io::write_all(stream, format!("${len}\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+    write_timed(stream, format!("${len}\r\n").as_bytes(), limit).await?;
     // Reads of a file just written come from the page cache: plain reads, in chunks.
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 128 * 1024];
@@ -315,9 +319,7 @@ async fn send_file(
         if n == 0 {
             break;
         }
-        io::write_all(stream, &buf[..n])
-            .await
-            .map_err(|e| e.to_string())?;
+        write_timed(stream, &buf[..n], limit).await?;
     }
     Ok(())
 }
@@ -326,10 +328,14 @@ async fn send_file(
 async fn feed_loop(
     sess: &mut Session,
     entry: &ReplicaEntry,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
-    queued: &std::sync::atomic::AtomicU64,
+    end: super::stream::FeedEnd,
     mut wait_ack: bool,
 ) -> Result<(), String> {
+    let super::stream::FeedEnd {
+        mut rx,
+        queued,
+        dropped,
+    } = end;
     let stream = sess.stream.clone();
     let stream = stream.as_deref();
     let handle = sess.handle.clone();
@@ -338,11 +344,19 @@ async fn feed_loop(
     let limits = ParseLimits {
         max_bulk_len: 1 << 20,
     };
+    let timeout_ms = super::timeout(&sess.worker.shared).as_millis() as u64;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = handle.wake.notified() => {
                 if handle.killed.get() {
                     return Err("killed".into());
+                }
+            }
+            _ = tick.tick() => {
+                // A replica that stopped acknowledging is gone, as Redis judges it.
+                if unix_ms().saturating_sub(entry.last_ack_ms.load(Ordering::Relaxed)) > timeout_ms {
+                    return Err("timeout: no ACK within repl-timeout".into());
                 }
             }
             chunk = rx.recv(), if !wait_ack => {
@@ -354,7 +368,27 @@ async fn feed_loop(
                 while let Ok(more) = rx.try_recv() {
                     out.extend_from_slice(&more);
                 }
-                io::write_all(stream, &out).await.map_err(|e| e.to_string())?;
+                // A replica that stops reading must not hold this task for ever: the
+                // stream's verdict (output buffer limit) and CLIENT KILL end the write.
+                let write = io::write_all(stream, &out);
+                tokio::pin!(write);
+                let mut check = tokio::time::interval(Duration::from_millis(100));
+                loop {
+                    tokio::select! {
+                        r = &mut write => {
+                            r.map_err(|e| e.to_string())?;
+                            break;
+                        }
+                        _ = check.tick() => {
+                            if dropped.load(Ordering::Acquire) {
+                                return Err("dropped: past client-output-buffer-limit replica".into());
+                            }
+                            if handle.killed.get() {
+                                return Err("killed".into());
+                            }
+                        }
+                    }
+                }
                 queued.fetch_sub(out.len() as u64, Ordering::Relaxed);
             }
             r = io::read_some(stream, &mut rbuf) => {
@@ -404,49 +438,40 @@ pub async fn current_offset(worker: &Worker) -> u64 {
 /// WAITAOF: whether this server's AOF holds the caller's writes on disk (when `local`),
 /// and how many replicas said (FACK) theirs do.
 pub async fn waitaof(sess: &mut Session, local: bool, want: i64, timeout_ms: u64) -> (bool, i64) {
-    let worker = sess.worker.clone();
-    let shared = &worker.shared;
+    let shared = sess.worker.shared.clone();
     let mut local_ok = false;
     if local {
         let (done, wait) = oneshot::channel();
         shared.persist.aof.send(ToWriter::Sync { done });
         local_ok = matches!(wait.await, Ok(Ok(())));
     }
-    if want <= 0 || !shared.persist.aof.repl.load(Ordering::Acquire) {
+    if want <= 0 {
         return (local_ok, 0);
     }
-    if sess.wrote_since_wait {
-        sess.wrote_since_wait = false;
-        sess.write_offset = current_offset(&worker).await;
-    }
-    let target = sess.write_offset;
-    let count = || {
-        shared
-            .repl
-            .replicas()
-            .iter()
-            .filter(|r| r.fack_offset.load(Ordering::Relaxed) >= target)
-            .count() as i64
-    };
-    send(&worker, ReplMsg::GetAck);
-    let deadline =
-        (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
-    let handle = sess.handle.clone();
-    loop {
-        let n = count();
-        if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            return (local_ok, n);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
-            _ = handle.wake.notified() => if handle.killed.get() { return (local_ok, n) },
-        }
-    }
+    let n = wait_for_acks(sess, want, timeout_ms, |r| {
+        r.fack_offset.load(Ordering::Relaxed)
+    })
+    .await;
+    (local_ok, n)
 }
 
 /// WAIT numreplicas timeout: how many replicas acknowledged the stream up to the
 /// caller's writes. `timeout_ms` 0 waits for ever (while the client stays).
 pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
+    wait_for_acks(sess, want, timeout_ms, |r| {
+        r.ack_offset.load(Ordering::Relaxed)
+    })
+    .await
+}
+
+/// Counts the online replicas whose acknowledged offset (`acked`: ACK or FACK) covers
+/// this connection's writes, waiting until `want` do or the time is up.
+async fn wait_for_acks(
+    sess: &mut Session,
+    want: i64,
+    timeout_ms: u64,
+    acked: fn(&ReplicaEntry) -> u64,
+) -> i64 {
     let worker = sess.worker.clone();
     let shared = &worker.shared;
     if !shared.persist.aof.repl.load(Ordering::Acquire) {
@@ -464,14 +489,11 @@ pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
             .repl
             .replicas()
             .iter()
-            .filter(|r| {
-                r.state.load(Ordering::Relaxed) == REPLICA_ONLINE
-                    && r.ack_offset.load(Ordering::Relaxed) >= target
-            })
+            .filter(|r| r.state.load(Ordering::Relaxed) == REPLICA_ONLINE && acked(r) >= target)
             .count() as i64
     };
     let n = count();
-    if n >= want || shared.repl.is_replica() {
+    if n >= want {
         return n;
     }
     send(&worker, ReplMsg::GetAck);
@@ -483,9 +505,8 @@ pub async fn wait(sess: &mut Session, want: i64, timeout_ms: u64) -> i64 {
         if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             return n;
         }
-        let tick = tokio::time::sleep(Duration::from_millis(2));
         tokio::select! {
-            _ = tick => {}
+            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
             r = io::read_some(stream.as_deref(), &mut sess.stash) => {
                 if matches!(r, Ok(0) | Err(_)) {

@@ -233,6 +233,17 @@ pub fn write_refusal(shared: &Shared) -> Option<&'static str> {
     None
 }
 
+/// `repl-timeout`: how long a link may stay silent (or a write to it stuck) before it is
+/// given up.
+pub fn timeout(shared: &Shared) -> std::time::Duration {
+    let secs = shared
+        .config
+        .lock()
+        .expect("config lock")
+        .get_i64("repl-timeout");
+    std::time::Duration::from_secs(secs.max(1) as u64)
+}
+
 pub const MASTERDOWN_ERR: &str =
     "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.";
 

@@ -205,14 +205,7 @@ impl Link {
 
 async fn link_once(worker: &Rc<Worker>, gen: u64, addr: &MasterAddr, full_needed: bool) -> Ended {
     let shared = worker.shared.clone();
-    let timeout = Duration::from_secs(
-        shared
-            .config
-            .lock()
-            .expect("config lock")
-            .get_i64("repl-timeout")
-            .max(1) as u64,
-    );
+    let timeout = super::timeout(&shared);
     let connect = TcpStream::connect((addr.host.as_str(), addr.port));
     let stream = match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(s)) => s,
@@ -469,6 +462,7 @@ async fn full_sync(
         ReplMsg::Follow {
             replid: replid.to_string(),
             offset,
+            db: stream_db,
         },
     );
     shared

@@ -21,22 +21,37 @@ pub struct Feed {
     pub entry: Arc<ReplicaEntry>,
     pub tx: mpsc::UnboundedSender<Bytes>,
     pub queued: Arc<AtomicU64>,
+    /// Set when the stream drops this replica (past its output buffer limit), so its
+    /// task stops even while a write to the replica is stuck.
+    pub dropped: Arc<std::sync::atomic::AtomicBool>,
     soft_since: Option<Instant>,
 }
 
+/// The feed task's side of a replica's queue.
+pub struct FeedEnd {
+    pub rx: mpsc::UnboundedReceiver<Bytes>,
+    pub queued: Arc<AtomicU64>,
+    pub dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
 impl Feed {
-    pub fn new(entry: Arc<ReplicaEntry>) -> (Feed, mpsc::UnboundedReceiver<Bytes>, Arc<AtomicU64>) {
+    pub fn new(entry: Arc<ReplicaEntry>) -> (Feed, FeedEnd) {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicU64::new(0));
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         (
             Feed {
                 entry,
                 tx,
                 queued: queued.clone(),
+                dropped: dropped.clone(),
                 soft_since: None,
             },
-            rx,
-            queued,
+            FeedEnd {
+                rx,
+                queued,
+                dropped,
+            },
         )
     }
 
@@ -75,8 +90,13 @@ pub enum ReplMsg {
     /// A replica's master sent these bytes, now applied (`db`: the database the stream is
     /// in after them).
     Upstream { bytes: Bytes, db: usize },
-    /// This server loaded its master's dataset at `offset` of `replid` (a full sync).
-    Follow { replid: String, offset: u64 },
+    /// This server loaded its master's dataset at `offset` of `replid` (a full sync), and
+    /// the stream goes on in database `db`.
+    Follow {
+        replid: String,
+        offset: u64,
+        db: usize,
+    },
     /// The master accepted a partial resync under `replid` (a new id when it was
     /// promoted): the stream goes on from where this server's dataset stands.
     Resumed { replid: String },
@@ -228,7 +248,7 @@ impl Stream {
                     self.db = Some(db);
                 }
             }
-            ReplMsg::Follow { replid, offset } => {
+            ReplMsg::Follow { replid, offset, db } => {
                 self.flush();
                 self.drop_feeds("its master did a full resync");
                 let size = self.shared.repl.backlog_size.load(Ordering::Relaxed) as usize;
@@ -240,7 +260,7 @@ impl Stream {
                     .backlog_active
                     .store(true, Ordering::Relaxed);
                 self.upstream = true;
-                self.db = Some(0);
+                self.db = Some(db);
                 self.set_ids(|ids| {
                     ids.replid = replid;
                     ids.replid2 = "0".repeat(40);
@@ -324,6 +344,7 @@ impl Stream {
                 f.soft_since = Some(now);
             }
             if drop_it {
+                f.dropped.store(true, Ordering::Release);
                 tracing::warn!(
                     "Client id={} (replica {}:{}) scheduled to be closed ASAP for overcoming of output buffer limits ({q} bytes queued).",
                     f.entry.client_id,
