@@ -236,7 +236,7 @@ class Server(Process):
             return "<not running>"
         c = self.client(socket_timeout=2)
         try:
-            return c.execute_command("INFO", "replication")
+            return "\n".join(f"{k}:{v}" for k, v in c.info("replication").items())
         except Exception as e:  # noqa: BLE001
             return f"<INFO failed: {e!r}>"
         finally:
@@ -337,16 +337,24 @@ class Cluster:
         for s in self.sentinels:
             s.start()
         for s in self.sentinels:
-            # Shorter Sentinel periods (real Sentinel semantics, shorter clocks): INFO from
-            # the replicas every 250 ms, so that the replica Sentinel promotes is chosen by
-            # offsets read after the kill (the default 10 s could pick one by a stale
-            # offset, and lose writes WAIT 1 acknowledged even with Redis); hello messages
-            # every 500 ms (quicker discovery of the other Sentinels and of a returning old
-            # master); a shorter TILT, whose 30 s default would stall a failover after a
-            # scheduling hiccup of the loaded test machine. SENTINEL DEBUG is Redis >= 7.0;
-            # an older Sentinel keeps its defaults.
+            # Shorter Sentinel periods (real Sentinel semantics, shorter clocks, as Redis's
+            # own Sentinel tests set them):
+            # - INFO from the replicas every 250 ms, so that the replica Sentinel promotes is
+            #   chosen by offsets read after the kill (the default 10 s could pick one by a
+            #   stale offset, and lose writes WAIT 1 acknowledged even with Redis);
+            # - PING and is-master-down-by-addr every 200 ms: a link is reconnected at most
+            #   once per ping period, and with the default 1 s = down-after-milliseconds a
+            #   single reconnect (after a failover's CLIENT KILL, or a link reset on
+            #   +switch-master) marks the new master down, and stale is-master-down replies
+            #   make that an ODOWN and a second failover (seen with redis-server too);
+            # - hello messages every 500 ms (quicker discovery of the other Sentinels and of
+            #   a returning old master);
+            # - a 3 s TILT, whose 30 s default would stall a failover after a scheduling
+            #   hiccup of the loaded test machine.
+            # SENTINEL DEBUG is Redis >= 7.0; an older Sentinel keeps its defaults.
             try:
-                s.cmd("SENTINEL", "DEBUG", "info-period", 250, "publish-period", 500, "tilt-period", 3000)
+                s.cmd("SENTINEL", "DEBUG", "info-period", 250, "ping-period", 200, "ask-period", 200,
+                      "publish-period", 500, "tilt-period", 3000)
             except redis.ResponseError as e:
                 self.note(f"{s.name}: SENTINEL DEBUG refused ({e}); default periods")
         self.note("sentinels started")
@@ -420,6 +428,44 @@ class Cluster:
                  follows, timeout, 0.1)
         self.note(f"{follower.name} follows {promoted.name}")
         return promoted, follower
+
+    def wait_settled(self, live, timeout=45):
+        """Every Sentinel names the same master among the `live` servers and holds it up
+        (flags "master": no failover in progress), it says ROLE master, and every other live
+        server follows it with master_link_status:up. Returns (master, [replicas]). Any
+        failover Sentinel may run meanwhile is allowed: this is the state it must end in."""
+        state = {}
+
+        def settled():
+            addr = self.current_master()
+            state.clear()
+            state["sentinels"] = [s.master_addr() for s in self.sentinels]
+            if not addr:
+                return None
+            m = self.server_by_port(addr[1])
+            flags = [_as_dict(s.master_state())["flags"] for s in self.sentinels]
+            state["flags"] = flags
+            if m not in live or any(f != "master" for f in flags):
+                return None
+            state["role"] = m.role()[0]
+            if state["role"] != "master":
+                return None
+            others = [x for x in live if x is not m]
+            for o in others:
+                ri = o.info_repl()
+                state[o.name] = (ri.get("role"), ri.get("master_port"), ri.get("master_link_status"))
+                if state[o.name] != ("slave", m.port, "up"):
+                    return None
+            return m, others
+
+        try:
+            got = wait_for("the cluster to settle", settled, timeout, 0.1)
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}: want all Sentinels to name one of {[x.label() for x in live]} (flags master), "
+                f"ROLE master there and the others its replicas with the link up; last seen {state}") from None
+        self.note(f"settled: master {got[0].name}, replicas {[x.name for x in got[1]]}")
+        return got
 
     def report(self):
         out = [f"=== cluster in {self.work}", "--- events (s since start):"]

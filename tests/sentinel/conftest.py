@@ -38,12 +38,14 @@ def make_cluster(request):
     yield make
     failed = request.node.stash.get(_FAILED, True)
     for c in made:
-        # The timeline, shown for a passing test with `pytest -rP` (or -s).
-        print("\n".join(f"  {t:7.2f} s  {w}" for t, w in c.events))
-        if failed:
-            sys.stderr.write(c.report() + "\n")
-            sys.stderr.write(f"(working directory kept: {c.work})\n")
-        c.close(keep=failed or bool(os.environ.get("SENTINEL_KEEP")))
+        try:
+            # The timeline, shown for a passing test with `pytest -rP` (or -s).
+            print("\n".join(f"  {t:7.2f} s  {w}" for t, w in c.events))
+            if failed:
+                sys.stderr.write(c.report() + "\n")
+                sys.stderr.write(f"(working directory kept: {c.work})\n")
+        finally:
+            c.close(keep=failed or bool(os.environ.get("SENTINEL_KEEP")))
 
 
 @pytest.fixture
@@ -54,7 +56,10 @@ def reporters(request):
     yield items
     failed = request.node.stash.get(_FAILED, True)
     for it in items:
-        print("\n".join(f"  {t:7.2f} s  {w}" for t, w in getattr(it, "events", [])))
-        if failed:
-            sys.stderr.write(it.report() + "\n")
-        it.close(keep=failed or bool(os.environ.get("SENTINEL_KEEP")))
+        try:
+            print("\n".join(f"  {t:7.2f} s  {w}" for t, w in getattr(it, "events", [])))
+            if failed:
+                sys.stderr.write(it.report() + "\n")
+                sys.stderr.write(f"(working directory kept: {it.work})\n")
+        finally:
+            it.close(keep=failed or bool(os.environ.get("SENTINEL_KEEP")))
