@@ -1552,6 +1552,131 @@ fn replica_buffer_limit(threads: usize) {
     assert_ok(mc.cmd(&["SET", "after", "1"]), "a write after the drop");
 }
 
+threads_1_and_4!(
+    publish_on_the_master_reaches_subscribers_of_replicas,
+    publish_to_replicas
+);
+/// A message published on a master reaches the clients subscribed on its replicas (Redis
+/// propagates PUBLISH in the replication stream), and on a chained replica too.
+fn publish_to_replicas(threads: usize) {
+    let master = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    let replica = sut(&["--repl-diskless-sync-delay", "0"], threads);
+    replicaof(&replica, &master);
+    wait_synced(&master, &replica, "the replica after its full sync");
+    let chained = sut(&[], threads);
+    replicaof(&chained, &replica);
+    wait_synced(
+        &replica,
+        &chained,
+        "the chained replica after its full sync",
+    );
+    let mut subs = Vec::new();
+    for (name, node) in [("replica", &replica), ("chained replica", &chained)] {
+        let mut s = node.client();
+        s.send(&["SUBSCRIBE", "news"]);
+        let confirm = s.read();
+        assert_eq!(
+            confirm,
+            Resp::Array(vec![
+                Resp::bulk("subscribe"),
+                Resp::bulk("news"),
+                Resp::Integer(1)
+            ]),
+            "SUBSCRIBE on the {name}"
+        );
+        subs.push((name, s));
+    }
+    master.client().cmd(&["PUBLISH", "news", "hello"]);
+    for (name, s) in &mut subs {
+        assert_eq!(
+            s.read(),
+            Resp::Array(vec![
+                Resp::bulk("message"),
+                Resp::bulk("news"),
+                Resp::bulk("hello")
+            ]),
+            "the message published on the master, on the {name}"
+        );
+    }
+    wait_synced(
+        &master,
+        &chained,
+        "offsets along the chain after the PUBLISH",
+    );
+}
+
+/// A replica that goes away in the middle of its full sync leaves the master able to
+/// snapshot again (BGSAVE succeeds once that sync's snapshot is over) and no temporary
+/// file behind, with disk-based and diskless syncs.
+#[test]
+fn a_replica_gone_mid_sync_leaves_no_snapshot_behind() {
+    for diskless in ["yes", "no"] {
+        let dir = TempDir::new("repl-gone");
+        let d = dir.arg();
+        let master = KiteServer::start(
+            &[
+                "--dir",
+                &d,
+                "--repl-diskless-sync",
+                diskless,
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+            4,
+        );
+        let mut mc = master.client();
+        let value = "v".repeat(1024);
+        for chunk in 0..40 {
+            let cmds: Vec<Vec<String>> = (0..1000)
+                .map(|i| vec!["SET".into(), format!("k:{chunk}:{i}"), value.clone()])
+                .collect();
+            for r in mc.pipeline(&cmds) {
+                assert_eq!(r, Resp::ok(), "loading the dataset");
+            }
+        }
+        let (r, _replid, _offset) = RawReplica::psync_full(&master, 1);
+        drop(r);
+        wait_until(
+            WAIT,
+            || {
+                let reply = master.client().cmd(&["BGSAVE"]);
+                !reply.is_error()
+            },
+            || format!("BGSAVE is accepted again after the replica left (diskless {diskless})"),
+        );
+        wait_until(
+            WAIT,
+            || {
+                int_field(
+                    &info(&mut master.client(), "persistence"),
+                    "rdb_bgsave_in_progress",
+                ) == 0
+            },
+            || "the BGSAVE ends".to_string(),
+        );
+        wait_until(
+            WAIT,
+            || {
+                !std::fs::read_dir(dir.path())
+                    .expect("read the directory")
+                    .any(|e| {
+                        e.map(|e| e.file_name().to_string_lossy().starts_with("temp"))
+                            .unwrap_or(false)
+                    })
+            },
+            || format!("no temporary file left in {d} (diskless {diskless})"),
+        );
+        assert_eq!(
+            int_field(
+                &info(&mut master.client(), "replication"),
+                "connected_slaves"
+            ),
+            0,
+            "the replica that left is not listed"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------
 // FAILOVER (Redis 6.2+): a planned switch of roles
 // ---------------------------------------------------------------------------

@@ -146,6 +146,11 @@ pub fn punsubscribe(sess: &mut Session, args: &[Bytes]) {
 
 async_handler!(publish, |sess, args| {
     let n = crate::pubsub::publish_counted(&sess.worker, args[1].clone(), args[2].clone()).await;
+    // As Redis does, a master's messages reach its replicas' subscribers through the
+    // replication stream (never the AOF).
+    if !sess.replaying {
+        crate::repl::master::propagate_publish(&sess.worker, &args);
+    }
     sess.out.int(n as i64);
 });
 

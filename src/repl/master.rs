@@ -67,6 +67,8 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
         last_ack_ms: unix_ms().into(),
     });
     sess.handle.info.borrow_mut().kind = crate::server::clients::KIND_REPLICA;
+    // INFO's connected_clients leaves replicas out, as Redis's does.
+    shared.connected_clients.fetch_sub(1, Ordering::AcqRel);
     shared
         .repl
         .replicas
@@ -94,6 +96,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
             entry.port.load(Ordering::Relaxed)
         );
     }
+    shared.connected_clients.fetch_add(1, Ordering::AcqRel);
     send(&worker, ReplMsg::Detach(sess.id));
     shared
         .repl
@@ -234,9 +237,12 @@ async fn full_sync(
     let cut = snapshot::cut(worker, target, Some(at_cut)).await;
     drop(gate);
     let cut = cut?;
-    let release = ReleaseClaim(worker.clone());
+    let mut claim = Claim {
+        worker: worker.clone(),
+        written: Some(cut.written),
+        temp: path.clone(),
+    };
     let Some(a) = attached.borrow_mut().take() else {
-        let _ = cut.written.await;
         return Err("the stream did not attach the replica".into());
     };
     entry.state.store(REPLICA_SEND_BULK, Ordering::Relaxed);
@@ -256,19 +262,59 @@ async fn full_sync(
         while let Some(chunk) = rx.recv().await {
             write_timed(stream, &chunk, limit).await?;
         }
-        cut.written
-            .await
-            .map_err(|_| "the snapshot writer stopped".to_string())?
-            .map_err(|e| e.to_string())?;
+        claim.written().await?;
         write_timed(stream, mark.as_bytes(), limit).await?;
     } else {
+        let len = claim.written().await?;
         let path = path.expect("disk sync has a path");
-        let result = send_file(stream, cut, &path, limit).await;
-        let _ = std::fs::remove_file(&path);
-        result?;
+        send_file(stream, &path, len, limit).await?;
     }
-    drop(release);
     Ok(diskless)
+}
+
+/// A full sync's hold on the snapshot: the one-snapshot-at-a-time claim and the file.
+/// However the sync ends, the claim is given back only once the snapshot itself has
+/// finished (its shards stop serializing), so no other snapshot starts over it.
+struct Claim {
+    worker: Rc<Worker>,
+    written: Option<oneshot::Receiver<std::io::Result<u64>>>,
+    temp: Option<std::path::PathBuf>,
+}
+
+impl Claim {
+    /// Waits for the snapshot to be complete: its size.
+    async fn written(&mut self) -> Result<u64, String> {
+        let w = self.written.take().expect("waited for once");
+        w.await
+            .map_err(|_| "the snapshot writer stopped".to_string())?
+            .map_err(|e| format!("the snapshot failed: {e}"))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let worker = self.worker.clone();
+        let temp = self.temp.take();
+        let release = move || {
+            if let Some(t) = temp {
+                let _ = std::fs::remove_file(t);
+            }
+            worker
+                .shared
+                .persist
+                .bgsave_in_progress
+                .store(false, Ordering::Release);
+        };
+        match self.written.take() {
+            None => release(),
+            Some(w) => {
+                tokio::task::spawn_local(async move {
+                    let _ = w.await;
+                    release();
+                });
+            }
+        }
+    }
 }
 
 /// Writes to a replica during its full sync: a replica that takes no bytes for
@@ -285,31 +331,14 @@ async fn write_timed(
     }
 }
 
-/// Gives the snapshot claim back however a full sync ends.
-struct ReleaseClaim(Rc<Worker>);
-
-impl Drop for ReleaseClaim {
-    fn drop(&mut self) {
-        self.0
-            .shared
-            .persist
-            .bgsave_in_progress
-            .store(false, Ordering::Release);
-    }
-}
-
+/// Sends the snapshot file (`len` bytes) framed as `$<len>`.
 async fn send_file(
     stream: Option<&tokio::net::TcpStream>,
-    cut: snapshot::Cut,
     path: &std::path::Path,
+    len: u64,
     limit: Duration,
 ) -> Result<(), String> {
     use std::io::Read;
-    let len = cut
-        .written
-        .await
-        .map_err(|_| "the snapshot writer stopped".to_string())?
-        .map_err(|e| format!("the snapshot failed: {e}"))?;
     write_timed(stream, format!("${len}\r\n").as_bytes(), limit).await?;
     // Reads of a file just written come from the page cache: plain reads, in chunks.
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
@@ -426,6 +455,17 @@ fn on_replica_command(entry: &ReplicaEntry, args: &[Bytes]) -> bool {
         return true;
     }
     false
+}
+
+/// PUBLISH on a master: the message goes to the replicas in the stream, not to the AOF.
+pub fn propagate_publish(worker: &Worker, args: &[Bytes]) {
+    let shared = &worker.shared;
+    if !shared.persist.aof.repl.load(Ordering::Relaxed) || shared.repl.is_replica() {
+        return;
+    }
+    let mut bytes = Vec::new();
+    crate::persist::aof::effects::encode(&mut bytes, args);
+    send(worker, ReplMsg::Publish(bytes));
 }
 
 /// The stream's offset once everything this thread handed over is in it.

@@ -586,6 +586,7 @@ async fn apply_loop(
     let mut last_ack = Instant::now() - Duration::from_secs(2);
     let mut last_io = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut batches = Batches::new(shared.nshards());
     loop {
         // Apply every whole command buffered.
         let gate = r.apply_gate.lock().await;
@@ -602,6 +603,8 @@ async fn apply_loop(
             let name = parsed[0].to_ascii_lowercase();
             if name == b"replconf" {
                 if parsed.len() >= 2 && parsed[1].eq_ignore_ascii_case(b"getack") {
+                    // The answer covers everything before the GETACK: apply it first.
+                    batches.flush(sess).await;
                     if let Err(e) = send_ack(link, shared, offset).await {
                         return Ended::Retry(e);
                     }
@@ -614,27 +617,22 @@ async fn apply_loop(
                         String::from_utf8_lossy(&parsed[0])
                     ));
                 };
-                crate::commands::execute(sess, Some(cmd), parsed).await;
-                if sess.out.buf.first() == Some(&b'-') {
-                    // Redis's replicas log a master command's error and go on
-                    // (propagation-error-behavior ignore): the master ran it the same way.
-                    tracing::warn!(
-                        "== CRITICAL == This replica is sending an error to its master: '{}'",
-                        String::from_utf8_lossy(&sess.out.buf).trim_end()
-                    );
+                if let Err(parsed) = batches.add(sess, cmd, parsed) {
+                    batches.flush(sess).await;
+                    crate::commands::execute(sess, Some(cmd), parsed).await;
+                    log_error(&sess.out.buf);
+                    sess.out.buf.clear();
                 }
-                sess.out.buf.clear();
             }
             offset = end;
-            if sess.multi.is_none() {
-                // Only whole transactions count as applied (Redis's reploff rule).
-                let n = (end - committed) as usize;
-                let bytes = Bytes::copy_from_slice(&raw[..n]);
-                raw.drain(..n);
-                committed = end;
-                r.offset.store(end, Ordering::Relaxed);
-                send(shared, ReplMsg::Upstream { bytes, db: sess.db });
+            if batches.is_empty() && sess.multi.is_none() {
+                commit(shared, &mut raw, &mut committed, end, sess.db);
             }
+        }
+        // Everything buffered is applied before the offset says so.
+        batches.flush(sess).await;
+        if sess.multi.is_none() && offset > committed {
+            commit(shared, &mut raw, &mut committed, offset, sess.db);
         }
         drop(gate);
         if last_ack.elapsed() >= Duration::from_secs(1) {
@@ -669,6 +667,109 @@ async fn apply_loop(
                 if last_io.elapsed() > timeout {
                     return Ended::Retry("MASTER timeout: no data nor PING received...".into());
                 }
+            }
+        }
+    }
+}
+
+/// Counts the stream up to `end` as applied (only whole transactions count, as Redis's
+/// reploff rule says) and passes its bytes on to this server's own backlog and replicas.
+fn commit(shared: &Shared, raw: &mut Vec<u8>, committed: &mut u64, end: u64, db: usize) {
+    let n = (end - *committed) as usize;
+    let bytes = Bytes::copy_from_slice(&raw[..n]);
+    raw.drain(..n);
+    *committed = end;
+    shared.repl.offset.store(end, Ordering::Relaxed);
+    send(shared, ReplMsg::Upstream { bytes, db });
+}
+
+/// Redis's replicas log a master command's error and go on (propagation-error-behavior
+/// ignore): the master ran it the same way.
+fn log_error(reply: &[u8]) {
+    if reply.first() == Some(&b'-') {
+        tracing::warn!(
+            "== CRITICAL == This replica is sending an error to its master: '{}'",
+            String::from_utf8_lossy(reply).trim_end()
+        );
+    }
+}
+
+/// The master's single-shard commands, gathered per shard and sent as one batch each, all
+/// shards at once. Applied one by one, each a hop and a wait, a replica with several
+/// threads fell seconds behind a busy master. Commands of one shard keep their order;
+/// everything else (transactions, scripts, multi-shard and keyless commands) waits for
+/// the batches before it and runs alone, so those stay whole and in order. Within one
+/// read from the master, a reader on another thread may see a later write on one shard
+/// before an earlier one on another (docs/replication.md).
+struct Batches {
+    per_shard: Vec<std::collections::VecDeque<(&'static crate::commands::Command, Vec<Bytes>)>>,
+    count: usize,
+}
+
+impl Batches {
+    fn new(nshards: usize) -> Batches {
+        Batches {
+            per_shard: (0..nshards).map(|_| Default::default()).collect(),
+            count: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Takes a command that can join a batch, or gives it back to run alone.
+    fn add(
+        &mut self,
+        sess: &Session,
+        cmd: &'static crate::commands::Command,
+        args: Vec<Bytes>,
+    ) -> Result<(), Vec<Bytes>> {
+        use crate::commands::{flags, route, Route};
+        if sess.multi.is_some()
+            || cmd.exec_fn().is_none()
+            || !cmd.arity_ok(args.len())
+            || !cmd.subcommands.is_empty()
+            || cmd.has(flags::BLOCKING)
+            || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
+        {
+            return Err(args);
+        }
+        let Route::Shard(s) = route(sess, cmd, &args) else {
+            return Err(args);
+        };
+        self.per_shard[s].push_back((cmd, args));
+        self.count += 1;
+        Ok(())
+    }
+
+    /// Applies every batch, all shards at once, and waits for them.
+    async fn flush(&mut self, sess: &Session) {
+        if self.count == 0 {
+            return;
+        }
+        self.count = 0;
+        let mut running = Vec::new();
+        for (shard, cmds) in self.per_shard.iter_mut().enumerate() {
+            if cmds.is_empty() {
+                continue;
+            }
+            let cmds = std::mem::take(cmds);
+            let worker = sess.worker.clone();
+            let spec = crate::shard::BatchSpec {
+                db: sess.db,
+                resp3: false,
+                client_id: sess.id,
+                no_touch: false,
+                atomic: None,
+            };
+            running.push(tokio::task::spawn_local(async move {
+                crate::shard::run_batch_on(&worker, shard, cmds, spec).await
+            }));
+        }
+        for r in running {
+            if let Ok(result) = r.await {
+                log_error(&result.out.buf);
             }
         }
     }

@@ -87,6 +87,8 @@ pub enum ReplMsg {
     Offset(oneshot::Sender<u64>),
     /// Asks every replica for an ACK now (WAIT).
     GetAck,
+    /// A PUBLISH, for replicas' subscribers (the stream only, not the AOF).
+    Publish(Vec<u8>),
     /// A replica's master sent these bytes, now applied (`db`: the database the stream is
     /// in after them).
     Upstream { bytes: Bytes, db: usize },
@@ -239,6 +241,11 @@ impl Stream {
                         &mut self.pending,
                         &[b"REPLCONF".as_slice(), b"GETACK", b"*"],
                     );
+                }
+            }
+            ReplMsg::Publish(bytes) => {
+                if self.backlog.is_some() && !self.upstream {
+                    self.pending.extend_from_slice(&bytes);
                 }
             }
             ReplMsg::Upstream { bytes, db } => {
