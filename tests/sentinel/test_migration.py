@@ -13,11 +13,15 @@ jobs onto a queue; a job counts as acknowledged when LPUSH replied. Its socket t
 current target. At the end every acknowledged job is in Kite's list, in order, Redis's list
 as it was at the pause is the tail of Kite's, the rest of the data set is on Kite as on
 Redis (TTLs included), and Kite takes writes.
+
+test_bullmq_migration runs the same recipe under a live BullMQ queue, worker and producer
+(bullmq_migration.mjs).
 """
 
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -309,3 +313,20 @@ def test_live_migration_off_redis(reporters):
     assert kc.incr("stat:processed") == 123457
     kc.close()
     rc.close()
+
+
+def test_bullmq_migration(reporters):
+    """The same recipe under a running BullMQ deployment (bullmq_migration.mjs): seeded
+    waiting, prioritized and delayed jobs, a worker and a producer move from redis-server to
+    Kite; every seeded and acknowledged job ends completed on Kite."""
+    m = Migration()
+    reporters.append(m)
+    m.redis.start()
+    m.kite.start()
+    env = dict(os.environ, REDIS_PORT=str(m.redis.port), KITE_PORT=str(m.kite.port))
+    p = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bullmq_migration.mjs")],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+    out = p.stdout.decode("utf-8", "replace")
+    m.note(f"bullmq_migration.mjs exited with {p.returncode}")
+    print(out)
+    assert p.returncode == 0, f"bullmq_migration.mjs failed (exit {p.returncode}):\n{out}"
