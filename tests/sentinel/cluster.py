@@ -306,10 +306,10 @@ def _as_dict(entry):
 class Cluster:
     """A Kite master, two Kite replicas and three Sentinels (quorum 2) watching them."""
 
-    def __init__(self, name, threads=(4, 1, 2), sentinels=3):
+    def __init__(self, name, threads=(4, 1, 2), sentinels=3, replica_extra=((), ())):
         self.work = tempfile.mkdtemp(prefix=f"kite-{name}.")
         self.master = Server(self.work, "master", threads[0])
-        self.replicas = [Server(self.work, f"replica{i + 1}", t, self.master.port)
+        self.replicas = [Server(self.work, f"replica{i + 1}", t, self.master.port, extra=replica_extra[i])
                          for i, t in enumerate(threads[1:])]
         self.servers = [self.master] + self.replicas
         self.sentinels = [Sentinel(self.work, f"sentinel{i + 1}", self.master.port) for i in range(sentinels)]

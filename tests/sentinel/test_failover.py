@@ -15,6 +15,7 @@ it into a replica of the new master (SLAVEOF and CONFIG REWRITE in one MULTI/EXE
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
@@ -104,6 +105,53 @@ def check_hello_everywhere(cluster):
         finally:
             ps.close()
             c.close()
+
+
+class ClientsOn:
+    """A plain client and a Pub/Sub subscriber connected to a server, raw sockets: Sentinel's
+    reconfiguration of that server ends with CLIENT KILL TYPE normal and CLIENT KILL TYPE
+    pubsub, so that clients reconnect and ask Sentinel again."""
+
+    def __init__(self, server):
+        self.server = server
+        self.plain = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        self.plain.sendall(b"*1\r\n$4\r\nPING\r\n")
+        assert self.plain.recv(100) == b"+PONG\r\n"
+        self.sub = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        self.sub.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$4\r\nnews\r\n")
+        assert b"subscribe" in self.sub.recv(200)
+
+    def wait_closed(self):
+        for kind, sock in (("normal", self.plain), ("pubsub", self.sub)):
+            def closed(sock=sock):
+                sock.settimeout(0.1)
+                try:
+                    data = sock.recv(4096)
+                except socket.timeout:
+                    return False
+                except OSError:
+                    return True
+                return data == b""
+            wait_for(f"the server to close a {kind} client of {self.server.label()} (Sentinel's reconfiguration "
+                     f"sends CLIENT KILL TYPE {kind})", closed, 15, 0)
+
+    def close(self):
+        self.plain.close()
+        self.sub.close()
+
+
+def check_sentinels_list_follower(cluster, promoted, follower):
+    """Every Sentinel lists the follower as a replica of the new master, link ok."""
+    def listed(s):
+        for e in s.replicas():
+            e = _d(e)
+            if int(e["port"]) == follower.port:
+                return ("s_down" not in e["flags"] and e.get("master-link-status") == "ok"
+                        and int(e.get("master-port", 0)) == promoted.port)
+        return False
+    for s in cluster.sentinels:
+        wait_for(f"{s.label()} to list {follower.label()} as a replica of port {promoted.port}, link ok "
+                 f"(SENTINEL REPLICAS)", lambda s=s: listed(s), 15, 0.1)
 
 
 def check_link_down_fields(cluster, old_port):
@@ -240,6 +288,7 @@ def test_redis_py_failover(make_cluster):
     cluster.wait_discovery()
     check_sentinel_visible_info(cluster)
     check_hello_everywhere(cluster)
+    clients = [ClientsOn(r) for r in cluster.replicas]
 
     writer = Writer([s.port for s in cluster.sentinels])
     writer.start()
@@ -255,6 +304,10 @@ def test_redis_py_failover(make_cluster):
         promoted, follower = cluster.wait_failover(old.port)
         role = promoted.role()
         assert role[0] == "master", f"ROLE on the promoted {promoted.label()}: {role}"
+        for c in clients:
+            c.wait_closed()
+            c.close()
+        check_sentinels_list_follower(cluster, promoted, follower)
 
         wait_for("the redis-py Sentinel client to carry on: 200 writes acknowledged after the kill ("
                  + writer.summary() + ")",
@@ -309,8 +362,12 @@ def test_redis_py_failover(make_cluster):
 
 
 def test_bullmq_failover(make_cluster):
-    cluster = make_cluster("sentinel-bullmq")
+    # replica1 has replica-priority 0: Sentinel must never promote it (it reads
+    # slave_priority from INFO).
+    cluster = make_cluster("sentinel-bullmq", replica_extra=(["replica-priority 0"], []))
     cluster.wait_discovery()
+    pri = cluster.replicas[0].info_repl().get("slave_priority")
+    assert pri == 0, f"{cluster.replicas[0].label()} with replica-priority 0 reports slave_priority {pri!r}"
     old = cluster.master
     env = dict(os.environ,
                SENTINEL_PORTS=",".join(str(s.port) for s in cluster.sentinels),
@@ -324,7 +381,9 @@ def test_bullmq_failover(make_cluster):
     old.proc.wait(timeout=10)
     assert p.returncode == 0, f"bullmq_failover.mjs failed (exit {p.returncode}):\n{out}"
     print(out)
-    cluster.wait_failover(old.port)
+    promoted, _ = cluster.wait_failover(old.port)
+    assert promoted is cluster.replicas[1], (
+        f"Sentinel promoted {promoted.label()}, which has replica-priority 0")
     promoted, (follower,) = cluster.wait_settled(cluster.replicas)
     check_rewritten_config(promoted, None)
     check_rewritten_config(follower, promoted.port)
