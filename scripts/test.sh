@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every Kite test: `cargo test --release` (unit, integration, differential,
 # malformed-input, scripting and concurrency suites), the redis-py suite in
-# tests/clients, and the job-framework suites in tests/frameworks (BullMQ, Bull,
-# bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry).
+# tests/clients, the job-framework suites in tests/frameworks (BullMQ, Bull,
+# bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry), and the
+# Sentinel failover and live-migration suite in tests/sentinel.
 #
 # Works on a fresh Debian machine as root: installs what is missing (redis-server for
 # the differential tests, redis-py and pytest for the client tests) and skips what is
@@ -52,6 +53,22 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     fi
 fi
 log "reference: $(redis-server --version)"
+# --- redis-sentinel (tests/sentinel) ---------------------------------------------------
+# Best effort: `redis-server --sentinel` is the same program (Debian's redis-sentinel
+# package adds a link and service files), and tests/sentinel falls back to it.
+if ! command -v redis-sentinel >/dev/null 2>&1; then
+    if apt_install redis-sentinel; then
+        # Like redis-server's, the package may start a system Sentinel: stop it.
+        if command -v systemctl >/dev/null 2>&1; then
+            $SUDO systemctl stop redis-sentinel >/dev/null 2>&1 || true
+        fi
+        if command -v service >/dev/null 2>&1; then
+            $SUDO service redis-sentinel stop >/dev/null 2>&1 || true
+        fi
+    else
+        log "redis-sentinel not installed; tests/sentinel runs redis-server --sentinel"
+    fi
+fi
 
 # --- Rust ----------------------------------------------------------------------------
 if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -161,6 +178,21 @@ if [ -z "${KITE_SKIP_FRAMEWORKS:-}" ]; then
     done
     if [ "${#failed[@]}" -gt 0 ]; then
         echo "framework suites failed: ${failed[*]}" >&2
+        exit 1
+    fi
+fi
+
+# --- Sentinel failover and live migration off Redis (tests/sentinel/run.sh) -----------------
+# Three real Sentinels watch a Kite master and two replicas (kill -9 the master under
+# redis-py's Sentinel client and under BullMQ on ioredis), Sentinel's SCRIPT KILL, and a
+# producer moved from redis-server to Kite by REPLICAOF / CLIENT PAUSE WRITE / REPLICAOF
+# NO ONE. KITE_SKIP_SENTINEL=1 skips it.
+if [ -z "${KITE_SKIP_SENTINEL:-}" ]; then
+    log "sentinel and migration suite"
+    sentinel_server=kite
+    case "$BIN" in *redis-server) sentinel_server=redis ;; esac
+    if ! KITE_BIN="$BIN" FW_SERVER="$sentinel_server" PY="$PY" bash tests/sentinel/run.sh; then
+        echo "sentinel suite failed" >&2
         exit 1
     fi
 fi
