@@ -210,7 +210,8 @@ async_handler!(pubsub, |sess, args| {
                     .collect::<Vec<_>>()
             })
             .await;
-            sess.out.map(channels.len());
+            // A flat array in RESP3 too, as Redis 7 answers (clients parse it so).
+            sess.out.array(channels.len() * 2);
             for (i, c) in channels.iter().enumerate() {
                 sess.out.bulk(c);
                 sess.out

@@ -33,6 +33,11 @@ fn send(worker: &Worker, m: ReplMsg) {
     worker.shared.persist.aof.send(ToWriter::Repl(m));
 }
 
+/// A message a client waits on (WAIT's offset and GETACK).
+fn send_urgent(worker: &Worker, m: ReplMsg) {
+    worker.shared.persist.aof.send_urgent(ToWriter::Repl(m));
+}
+
 /// Serves a replica on this connection until it goes. `psync`: the id and offset it
 /// asked for (None for the old SYNC).
 pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
@@ -429,6 +434,7 @@ async fn feed_loop(
                 while let Ok(Some(args)) = parser.next_command(&mut rbuf, &limits) {
                     if on_replica_command(entry, &args) {
                         wait_ack = false;
+                        sess.worker.shared.repl.acked.notify_waiters();
                     }
                 }
             }
@@ -471,7 +477,7 @@ pub fn propagate_publish(worker: &Worker, args: &[Bytes]) {
 /// The stream's offset once everything this thread handed over is in it.
 pub async fn current_offset(worker: &Worker) -> u64 {
     let (reply, answer) = oneshot::channel();
-    send(worker, ReplMsg::Offset(reply));
+    send_urgent(worker, ReplMsg::Offset(reply));
     answer.await.unwrap_or(0)
 }
 
@@ -536,17 +542,26 @@ async fn wait_for_acks(
     if n >= want {
         return n;
     }
-    send(&worker, ReplMsg::GetAck);
+    send_urgent(&worker, ReplMsg::GetAck);
     let deadline =
         (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
     let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
     loop {
+        // Registered before counting, so an ACK between the count and the wait wakes it.
+        let acked = shared.repl.acked.notified();
+        tokio::pin!(acked);
+        acked.as_mut().enable();
         let n = count();
         if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             return n;
         }
+        let nap = deadline.map_or(Duration::from_millis(100), |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .min(Duration::from_millis(100))
+        });
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            _ = &mut acked => {}
+            _ = tokio::time::sleep(nap) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
             r = io::read_some(stream.as_deref(), &mut sess.stash) => {
                 if matches!(r, Ok(0) | Err(_)) {

@@ -110,6 +110,8 @@ pub struct ReplState {
     pub failover_abort: AtomicBool,
     pub failover_psync: AtomicBool,
     pub failover_result: AtomicU8,
+    /// Woken at each replica ACK, for WAIT and WAITAOF.
+    pub acked: tokio::sync::Notify,
     /// The last FACK a replica sent its master: the offset its AOF holds durably.
     pub fack_sent: AtomicU64,
     /// The database the master's stream was in when the link ended (a partial resync
@@ -155,6 +157,7 @@ impl Default for ReplState {
             last_db: AtomicU64::new(0),
             apply_gate: tokio::sync::Mutex::new(()),
             fack_sent: AtomicU64::new(0),
+            acked: tokio::sync::Notify::new(),
             failover_state: AtomicU8::new(0),
             failover_abort: AtomicBool::new(false),
             failover_psync: AtomicBool::new(false),

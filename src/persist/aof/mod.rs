@@ -72,6 +72,9 @@ pub struct AofState {
     /// auto-aof-rewrite-percentage.
     pub rewrite_base_size: AtomicU64,
     sender: OnceLock<Mutex<mpsc::Sender<ToWriter>>>,
+    /// The writer thread, to wake it from its between-polls nap for a message someone
+    /// waits on (WAIT's offset, a GETACK).
+    writer_thread: OnceLock<std::thread::Thread>,
 }
 
 impl Default for AofState {
@@ -96,6 +99,7 @@ impl Default for AofState {
             offset: AtomicU64::new(0),
             rewrite_base_size: AtomicU64::new(0),
             sender: OnceLock::new(),
+            writer_thread: OnceLock::new(),
         }
     }
 }
@@ -134,6 +138,19 @@ impl AofState {
             // The writer only stops with the process.
             let _ = tx.send(msg);
         });
+    }
+
+    pub fn install_writer_thread(&self, t: std::thread::Thread) {
+        let _ = self.writer_thread.set(t);
+    }
+
+    /// Sends a message someone is waiting on: the writer handles it now rather than at
+    /// its next poll.
+    pub fn send_urgent(&self, msg: ToWriter) {
+        self.send(msg);
+        if let Some(t) = self.writer_thread.get() {
+            t.unpark();
+        }
     }
 
     /// Hands a piece of effects to the writer.

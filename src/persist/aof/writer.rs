@@ -86,7 +86,8 @@ struct Writer {
 pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
     let (tx, rx) = mpsc::channel::<ToWriter>();
     shared.persist.aof.install_sender(tx);
-    std::thread::Builder::new()
+    let state = shared.clone();
+    let handle = std::thread::Builder::new()
         .name("kite-aof-writer".into())
         .spawn(move || {
             let mut w = Writer {
@@ -104,6 +105,10 @@ pub fn start(shared: Arc<Shared>) -> std::io::Result<()> {
             };
             w.run(rx);
         })?;
+    state
+        .persist
+        .aof
+        .install_writer_thread(handle.thread().clone());
     Ok(())
 }
 
@@ -126,7 +131,8 @@ impl Writer {
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
             } else {
-                std::thread::sleep(Duration::from_millis(1));
+                // A nap, not a sleep: `send_urgent` cuts it short.
+                std::thread::park_timeout(Duration::from_millis(1));
                 match rx.try_recv() {
                     Ok(m) => Some(m),
                     Err(mpsc::TryRecvError::Empty) => None,
