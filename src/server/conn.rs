@@ -374,7 +374,7 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
         || !cmd.subcommands.is_empty()
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
         || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
-        || sess.worker.shared.persist.gate() != 0
+        || !squash_allowed_by_gate(sess, cmd)
     {
         return None;
     }
@@ -382,6 +382,19 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
         Route::Shard(s) if s != sess.worker.id => Some(s),
         _ => None,
     }
+}
+
+/// A squashed batch skips `execute`'s checks, so it is only formed when none could refuse
+/// the command: no gate at all, or only replication's (a replica, min-replicas-to-write)
+/// for a read while stale data may be served.
+fn squash_allowed_by_gate(sess: &Session, cmd: &Command) -> bool {
+    let gate = sess.worker.shared.persist.gate();
+    if gate == 0 {
+        return true;
+    }
+    gate == crate::persist::GATE_REPL
+        && !cmd.has(flags::WRITE)
+        && !crate::repl::stale_refused(&sess.worker.shared)
 }
 
 pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
