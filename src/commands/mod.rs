@@ -426,7 +426,9 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
                 .multi
                 .as_ref()
                 .is_some_and(|m| m.queued.iter().any(|(c, _)| c.has(flags::DENYOOM))));
-    if grows && sess.over_maxmemory() {
+    // The master's stream is applied whatever this replica's state (as Redis exempts
+    // its master client): refusing it would leave the replica diverged.
+    if grows && !sess.replaying && sess.over_maxmemory() {
         reject_command(
             sess,
             cmd,
@@ -448,11 +450,11 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
                     .multi
                     .as_ref()
                     .is_some_and(|m| m.queued.iter().any(|(c, _)| c.has(flags::WRITE))));
-        if gate & crate::persist::GATE_MISCONF != 0 && writes {
+        if gate & crate::persist::GATE_MISCONF != 0 && writes && !sess.replaying {
             reject_command(sess, cmd, crate::persist::MISCONF_ERR);
             return;
         }
-        if gate & crate::persist::GATE_AOF != 0 && writes && cmd.name != "ping" {
+        if gate & crate::persist::GATE_AOF != 0 && writes && cmd.name != "ping" && !sess.replaying {
             let msg = sess.worker.shared.persist.aof.error_reply();
             reject_command(sess, cmd, &msg);
             return;
@@ -488,6 +490,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         .load(std::sync::atomic::Ordering::Relaxed)
         > 0
         && !allowed_while_busy(cmd, &args)
+        && !sess.replaying
     {
         sess.count_rejected(cmd);
         scripting::busy_error(&mut sess.out);

@@ -429,7 +429,8 @@ async fn feed_loop(
                 match r {
                     Ok(0) => return Err("the replica closed the connection".into()),
                     Err(e) => return Err(e.to_string()),
-                    Ok(_) => {}
+                    // Any bytes (a loading replica's newlines among them) show it alive.
+                    Ok(_) => entry.last_ack_ms.store(unix_ms(), Ordering::Relaxed),
                 }
                 while let Ok(Some(args)) = parser.next_command(&mut rbuf, &limits) {
                     if on_replica_command(entry, &args) {

@@ -83,6 +83,10 @@ pub async fn promote(shared: &Arc<Shared>) {
     r.generation.fetch_add(1, Ordering::AcqRel);
     // The link applies nothing more once it has given the gate back.
     let gate = r.apply_gate.lock().await;
+    if !r.is_replica() {
+        // Another REPLICAOF NO ONE got here first.
+        return;
+    }
     *r.master.lock().expect("master lock") = None;
     let _ = shared
         .config
@@ -245,6 +249,15 @@ impl Link {
         }
     }
 
+    /// `fill`, given up after `repl-timeout` without a byte (a master that stopped
+    /// mid-transfer must not hold the link for ever).
+    async fn fill_within(&mut self, limit: Duration) -> Result<usize, String> {
+        match tokio::time::timeout(limit, self.fill()).await {
+            Ok(r) => r,
+            Err(_) => Err("Timeout receiving bulk data from MASTER...".into()),
+        }
+    }
+
     async fn fill(&mut self) -> Result<usize, String> {
         self.buf.reserve(16 * 1024);
         let n = self
@@ -306,7 +319,12 @@ async fn link_once(worker: &Rc<Worker>, gen: u64, addr: &MasterAddr, full_needed
             if replid != ids.replid {
                 tracing::info!("Master replication ID changed to {replid}");
             }
+            let gate = shared.repl.apply_gate.lock().await;
+            if !current(&shared, gen) {
+                return Ended::Stop;
+            }
             send(&shared, ReplMsg::Resumed { replid });
+            drop(gate);
             tracing::info!(
                 "Successful partial resynchronization with master (from offset {}).",
                 asked
@@ -437,7 +455,12 @@ async fn full_sync(
     offset: u64,
 ) -> Result<usize, Ended> {
     let shared = worker.shared.clone();
-    let header = link.line().await.map_err(Ended::Retry)?;
+    // The master may take a while to start its snapshot (a BGSAVE to wait for, the
+    // diskless delay) and sends newlines meanwhile; silence past repl-timeout ends it.
+    let header = tokio::time::timeout(super::timeout(&shared), link.line())
+        .await
+        .map_err(|_| Ended::Retry("Timeout waiting for the RDB from MASTER".into()))?
+        .map_err(Ended::Retry)?;
     let Some(size) = header.strip_prefix('$') else {
         return Err(Ended::Retry(format!(
             "Bad protocol from MASTER, the first byte is not '$' (we received '{header}'), are you sure the host and port are right?"
@@ -448,11 +471,14 @@ async fn full_sync(
         (PathBuf::from(c.get("dir")), c.get("dbfilename").to_string())
     };
     let tmp = dir.join(format!("temp-{}.{}.rdb", unix_ms(), std::process::id()));
-    let received = receive_rdb(link, size, &tmp).await;
+    let received = receive_rdb(link, size, &tmp, super::timeout(&shared)).await;
     if let Err(e) = received {
         let _ = std::fs::remove_file(&tmp);
         return Err(Ended::Retry(e));
     }
+    // From here to Follow the gate is held: REPLICAOF NO ONE (or another REPLICAOF)
+    // waits for the load and then finds the new history in place, never the reverse.
+    let gate = shared.repl.apply_gate.lock().await;
     if !current(&shared, gen) {
         let _ = std::fs::remove_file(&tmp);
         return Err(Ended::Stop);
@@ -481,9 +507,20 @@ async fn full_sync(
             let _ = done.send(crate::persist::load::load_file(&s2, &path));
         });
     let loaded = match spawned {
-        Ok(_) => result
-            .await
-            .unwrap_or_else(|_| Err("the loader stopped".into())),
+        Ok(_) => {
+            // A newline a second tells the master this replica is alive while it loads,
+            // as Redis's replicas do (masters count it as a sign of life).
+            let mut result = result;
+            let mut beat = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    r = &mut result => break r.unwrap_or_else(|_| Err("the loader stopped".into())),
+                    _ = beat.tick() => {
+                        let _ = link.stream.write_all(b"\n").await;
+                    }
+                }
+            }
+        }
         Err(e) => Err(e.to_string()),
     };
     st.loading.store(false, Ordering::Release);
@@ -525,22 +562,37 @@ async fn full_sync(
         .repl
         .last_db
         .store(stream_db as u64, Ordering::Relaxed);
+    drop(gate);
     tracing::info!(
         "MASTER <-> REPLICA sync: Finished with success ({} keys loaded)",
         loaded.keys
     );
     if st.aof.file_on() {
         // The AOF must hold the new dataset: a rewrite starts from it, as Redis restarts
-        // its AOF after a sync.
-        if let Err(e) = crate::persist::aof::rewrite::start(worker) {
-            tracing::warn!("Could not rewrite the AOF after the sync: {e}");
-        }
+        // its AOF after a sync; a snapshot running now is waited for.
+        let w = worker.clone();
+        tokio::task::spawn_local(async move {
+            for _ in 0..6000 {
+                match crate::persist::aof::rewrite::start(&w) {
+                    Ok(()) => return,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            tracing::warn!(
+                "Could not rewrite the AOF after the sync: a snapshot kept running for 10 minutes"
+            );
+        });
     }
     Ok(stream_db)
 }
 
 /// Reads the RDB payload (`$<len>` or `$EOF:<mark>`) into `path`.
-async fn receive_rdb(link: &mut Link, size: &str, path: &Path) -> Result<(), String> {
+async fn receive_rdb(
+    link: &mut Link,
+    size: &str,
+    path: &Path,
+    limit: Duration,
+) -> Result<(), String> {
     use std::io::Write;
     // Local file writes of a chunk at a time: the page cache takes them at once.
     let mut file = std::fs::File::create(path).map_err(|e| {
@@ -567,7 +619,7 @@ async fn receive_rdb(link: &mut Link, size: &str, path: &Path) -> Result<(), Str
                 let body = link.buf.split_to(keep);
                 file.write_all(&body).map_err(|e| e.to_string())?;
             }
-            link.fill().await?;
+            link.fill_within(limit).await?;
         }
     } else {
         let mut left: u64 = size
@@ -583,7 +635,7 @@ async fn receive_rdb(link: &mut Link, size: &str, path: &Path) -> Result<(), Str
             if left == 0 {
                 break;
             }
-            link.fill().await?;
+            link.fill_within(limit).await?;
         }
     }
     file.sync_all().map_err(|e| e.to_string())?;
@@ -661,6 +713,9 @@ async fn apply_loop(
                 if parsed.len() >= 2 && parsed[1].eq_ignore_ascii_case(b"getack") {
                     // The answer covers everything before the GETACK: apply it first.
                     batches.flush(sess).await;
+                    if sess.multi.is_none() && offset > committed {
+                        commit(shared, &mut raw, &mut committed, offset, sess.db);
+                    }
                     if let Err(e) = send_ack(link, shared, offset).await {
                         return Ended::Retry(e);
                     }
@@ -674,7 +729,12 @@ async fn apply_loop(
                     ));
                 };
                 if let Err(parsed) = batches.add(sess, cmd, parsed) {
+                    // What the batches held is applied: count it before this command,
+                    // which may open a transaction that holds the offset back.
                     batches.flush(sess).await;
+                    if sess.multi.is_none() && offset > committed {
+                        commit(shared, &mut raw, &mut committed, offset, sess.db);
+                    }
                     crate::commands::execute(sess, Some(cmd), parsed).await;
                     log_error(&sess.out.buf);
                     sess.out.buf.clear();

@@ -301,6 +301,8 @@ impl Stream {
                 });
                 self.upstream = false;
                 self.db = None;
+                // The backlog's time to live starts now, not when the last replica left.
+                self.alone_since = None;
                 let _ = done.send(());
             }
             ReplMsg::Detach(id) => {
@@ -380,7 +382,11 @@ impl Stream {
         let r = &self.shared.repl;
         let size = r.backlog_size.load(Ordering::Relaxed) as usize;
         b.resize(size);
-        if !self.upstream && !self.feeds.is_empty() {
+        // No PING while this server is turning replica (REPLICAOF, FAILOVER): its offset
+        // must hold still for the PSYNC that continues its history.
+        let switching =
+            r.is_replica() || r.failover_state.load(Ordering::Relaxed) != super::failover::NONE;
+        if !self.upstream && !self.feeds.is_empty() && !switching {
             let period = r.ping_period_s.load(Ordering::Relaxed);
             if self.last_ping.elapsed().as_secs() >= period {
                 self.last_ping = Instant::now();

@@ -312,7 +312,7 @@ impl Shard {
             dirty_saved: 0,
             aof: Default::default(),
             aof_defers: 0,
-            writing: false,
+            writing: true,
             ops_samples: VecDeque::new(),
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
@@ -846,6 +846,9 @@ pub fn exec_here(
         let mut ctx = shard.ctx(db, out);
         ctx.no_touch = no_touch;
         f(&mut ctx, args);
+        // Outside a read command the live view is the safe one on a replica: a
+        // cross-shard write of the master's must find what the master still holds.
+        ctx.shard.writing = true;
         let (hits, misses) = (ctx.hits, ctx.misses);
         let taken = (ctx.effect.take(), ctx.now_ms);
         shard.stats.keyspace_hits += hits;
