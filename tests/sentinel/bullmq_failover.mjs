@@ -20,6 +20,10 @@
 
 import { Queue, Worker, Job } from 'bullmq';
 import IORedis from 'ioredis';
+import { createRequire } from 'node:module';
+
+// The polling helpers every Node framework suite shares.
+const { sleep, waitFor } = createRequire(import.meta.url)('../frameworks/harness.js');
 
 const sentinelPorts = (process.env.SENTINEL_PORTS || '').split(',').filter(Boolean).map(Number);
 const masterPid = Number(process.env.MASTER_PID);
@@ -31,30 +35,12 @@ if (sentinelPorts.length === 0 || !masterPid || !masterPort) {
 
 const BEFORE = 150; // acknowledged jobs before the kill
 const AFTER = 150; // acknowledged jobs after the kill
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const t0 = Date.now();
 const since = () => `${((Date.now() - t0) / 1000).toFixed(2)} s`;
 const timeline = [];
 const note = (what) => timeline.push(`${since()} ${what}`);
 class Check extends Error {}
 
-async function waitFor(what, fn, ms, every = 100) {
-    const end = Date.now() + ms;
-    let last;
-    for (;;) {
-        try {
-            last = await fn();
-            if (last) return last;
-        } catch (e) {
-            last = e;
-        }
-        if (Date.now() > end) {
-            const detail = last instanceof Error ? ` (last error: ${last.message})` : last === undefined ? '' : ` (last: ${JSON.stringify(last)})`;
-            throw new Check(`timed out after ${ms} ms waiting for ${what}${detail}`);
-        }
-        await sleep(every);
-    }
-}
 const bounded = (p, ms) => Promise.race([Promise.resolve(p).catch((e) => e), sleep(ms)]);
 
 const errors = new Map(); // message -> count
@@ -180,7 +166,7 @@ try {
     console.log(`PASS bullmq-failover: ${ids.length} acknowledged jobs (${acked.size - ackedAtKill} after the kill) all completed (${since()})`);
 } catch (e) {
     status = 1;
-    console.log(`FAIL bullmq-failover: ${e instanceof Check ? e.message : e.stack}`);
+    console.log(`FAIL bullmq-failover: ${e instanceof Check || e.constructor.name === 'Failure' ? e.message : e.stack}`);
 }
 console.log('timeline:\n  ' + timeline.join('\n  '));
 if (errors.size) {

@@ -19,6 +19,10 @@
 
 import { Queue, Worker, Job } from 'bullmq';
 import IORedis from 'ioredis';
+import { createRequire } from 'node:module';
+
+// The polling helpers every Node framework suite shares.
+const { sleep, waitFor } = createRequire(import.meta.url)('../frameworks/harness.js');
 
 const redisPort = Number(process.env.REDIS_PORT);
 const kitePort = Number(process.env.KITE_PORT);
@@ -27,31 +31,12 @@ if (!redisPort || !kitePort) {
     process.exit(2);
 }
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const t0 = Date.now();
 const since = () => `${((Date.now() - t0) / 1000).toFixed(2)} s`;
 const timeline = [];
 const note = (what) => timeline.push(`${since()} ${what}`);
 class Check extends Error {}
 const bounded = (p, ms) => Promise.race([Promise.resolve(p).catch((e) => e), sleep(ms)]);
-
-async function waitFor(what, fn, ms, every = 50) {
-    const end = Date.now() + ms;
-    let last;
-    for (;;) {
-        try {
-            last = await fn();
-            if (last) return last;
-        } catch (e) {
-            last = e;
-        }
-        if (Date.now() > end) {
-            const detail = last instanceof Error ? ` (last error: ${last.message})` : ` (last: ${JSON.stringify(last)})`;
-            throw new Check(`timed out after ${ms} ms waiting for ${what}${detail}`);
-        }
-        await sleep(every);
-    }
-}
 
 const errors = new Map();
 function noteError(e) {
@@ -196,7 +181,7 @@ try {
 } catch (e) {
     status = 1;
     stop = true;
-    console.log(`FAIL bullmq-migration: ${e instanceof Check ? e.message : e.stack}`);
+    console.log(`FAIL bullmq-migration: ${e instanceof Check || e.constructor.name === 'Failure' ? e.message : e.stack}`);
 }
 console.log('timeline:\n  ' + timeline.join('\n  '));
 if (errors.size) {
