@@ -315,6 +315,40 @@ fn wait_synced(master: &ServerProcess, replica: &ServerProcess, what: &str) {
     );
 }
 
+/// After a dropped link: waits until the replica is back through a partial resync (the
+/// master's sync_partial_ok grows by one, sync_full stays), in sync, with the master's
+/// contents (compared as through a Redis stream).
+fn assert_continued_with_partial_resync(
+    master: &ServerProcess,
+    replica: &ServerProcess,
+    partial: i64,
+    full: i64,
+) {
+    wait_until(
+        WAIT,
+        || stat(master, "sync_partial_ok") > partial,
+        || {
+            format!(
+                "the replica comes back with a partial resync (the master's \
+                 sync_partial_ok grows from {partial}){}",
+                diag(&[("master", master), ("replica", replica)])
+            )
+        },
+    );
+    wait_synced(master, replica, "after the partial resync");
+    assert_eq!(
+        stat(master, "sync_partial_ok"),
+        partial + 1,
+        "the master's sync_partial_ok after one reconnection"
+    );
+    assert_eq!(
+        stat(master, "sync_full"),
+        full,
+        "the master's sync_full: the reconnection must not be a full sync"
+    );
+    assert_same_contents(master, replica, "after the partial resync", true);
+}
+
 /// A dataset as the tests here compare it: stream consumers' last-seen times left out
 /// (the stream's XCLAIM forms do not carry them: a replica sees a consumer when it
 /// applies the command), and, when `via_redis_stream` or against the reference, consumer
@@ -698,29 +732,7 @@ fn replica_partial_resync(threads: usize) {
     );
     // Writes while the replica reconnects (they reach it from the backlog or the stream).
     write_workload(&master, 2);
-    wait_until(
-        WAIT,
-        || stat(&master, "sync_partial_ok") > partial,
-        || {
-            format!(
-                "the replica reconnects with a partial resync (the master's \
-                 sync_partial_ok grows from {partial}){}",
-                diag(&[("master", &master), ("replica", &replica)])
-            )
-        },
-    );
-    wait_synced(&master, &replica, "after the partial resync");
-    assert_eq!(
-        stat(&master, "sync_partial_ok"),
-        partial + 1,
-        "the master's sync_partial_ok after one reconnection"
-    );
-    assert_eq!(
-        stat(&master, "sync_full"),
-        full,
-        "the master's sync_full: the reconnection must not be a full sync"
-    );
-    assert_same_contents(&master, &replica, "after the partial resync", true);
+    assert_continued_with_partial_resync(&master, &replica, partial, full);
 }
 
 // ---------------------------------------------------------------------------
@@ -765,29 +777,7 @@ fn master_to_redis_replica(threads: usize, diskless: &str) {
         "CLIENT KILL TYPE replica on the master"
     );
     write_workload(&master, 2);
-    wait_until(
-        WAIT,
-        || stat(&master, "sync_partial_ok") > partial,
-        || {
-            format!(
-                "the replica comes back with a partial resync (the master's \
-                 sync_partial_ok grows from {partial}){}",
-                diag(&[("master", &master), ("replica", &replica)])
-            )
-        },
-    );
-    wait_synced(&master, &replica, "after the partial resync");
-    assert_eq!(
-        stat(&master, "sync_partial_ok"),
-        partial + 1,
-        "sync_partial_ok"
-    );
-    assert_eq!(
-        stat(&master, "sync_full"),
-        full,
-        "sync_full after the reconnection"
-    );
-    assert_same_contents(&master, &replica, "after the partial resync", true);
+    assert_continued_with_partial_resync(&master, &replica, partial, full);
 }
 
 // ---------------------------------------------------------------------------
