@@ -65,6 +65,15 @@ pub static PARAMS: &[Param] = &[
         ..p("threads", Kind::Int(0, 1024), "0", false, true)
     },
     p("requirepass", Kind::Text, "", true, true),
+    p("aclfile", Kind::Text, "", false, true),
+    p("acllog-max-len", Kind::Int(0, I64MAX), "128", true, true),
+    p(
+        "acl-pubsub-default",
+        Kind::Enum(&["allchannels", "resetchannels"]),
+        "resetchannels",
+        true,
+        true,
+    ),
     p("databases", Kind::Int(1, 1 << 20), "16", false, true),
     p("maxclients", Kind::Int(1, I64MAX), "10000", true, true),
     p("timeout", Kind::Int(0, I64MAX), "0", true, true),
@@ -536,6 +545,8 @@ fn validate(param: &Param, value: &str) -> Result<String, String> {
 pub struct Config {
     values: Vec<String>,
     pub file: Option<std::path::PathBuf>,
+    /// `user <name> <rules...>` lines of the configuration file, for ACL at start-up.
+    pub user_lines: Vec<Vec<String>>,
 }
 
 impl Default for Config {
@@ -543,6 +554,7 @@ impl Default for Config {
         Config {
             values: PARAMS.iter().map(|p| p.default.to_string()).collect(),
             file: None,
+            user_lines: Vec::new(),
         }
     }
 }
@@ -561,9 +573,6 @@ impl Config {
         self.get(name) == "yes"
     }
 
-    pub fn requirepass(&self) -> &str {
-        self.get("requirepass")
-    }
 
     /// Settings changed from their defaults that Kite stores but does not act on.
     pub fn ignored_settings(&self) -> Vec<(&'static str, &str)> {
@@ -661,6 +670,10 @@ impl Config {
             let Some((name, rest)) = words.split_first() else {
                 continue;
             };
+            if name.eq_ignore_ascii_case("user") {
+                self.user_lines.push(rest.to_vec());
+                continue;
+            }
             let value = rest.join(" ");
             self.set_initial(name, &value).map_err(|e| {
                 format!(
@@ -835,7 +848,6 @@ pub struct Tunables {
     pub slowlog_slower_than: AtomicI64,
     pub slowlog_max_len: AtomicUsize,
     pub latency_threshold_ms: AtomicU64,
-    pub requirepass_set: AtomicBool,
     /// notify-keyspace-events as `pubsub::class` flags.
     pub notify_flags: AtomicU32,
     pub busy_reply_threshold_ms: AtomicU64,
@@ -853,7 +865,6 @@ impl Tunables {
             slowlog_slower_than: AtomicI64::new(0),
             slowlog_max_len: AtomicUsize::new(0),
             latency_threshold_ms: AtomicU64::new(0),
-            requirepass_set: AtomicBool::new(false),
             notify_flags: AtomicU32::new(0),
             busy_reply_threshold_ms: AtomicU64::new(5000),
         };
@@ -877,7 +888,6 @@ impl Tunables {
             .store(c.get_i64("slowlog-max-len") as usize, r);
         self.latency_threshold_ms
             .store(c.get_i64("latency-monitor-threshold") as u64, r);
-        self.requirepass_set.store(!c.requirepass().is_empty(), r);
         self.busy_reply_threshold_ms
             .store(c.get_i64("busy-reply-threshold") as u64, r);
         self.notify_flags.store(

@@ -1,5 +1,6 @@
 //! Kite: a multi-threaded Redis-protocol server for background-job workloads.
 
+mod acl;
 mod blocking;
 mod clock;
 mod commands;
@@ -268,6 +269,13 @@ fn main() {
     }
     let rr_prefix = Some(config.get("shard-round-robin-prefix").as_bytes().to_vec());
     let tunables = Tunables::new(&config);
+    let acl = match acl::init(&config) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
     let shared = Arc::new(Shared {
         placement: Placement::new(threads, rr_prefix).with_queue_prefixes(
             config
@@ -299,6 +307,7 @@ fn main() {
         sync_calls: scripting::run::sync_queues(threads),
         persist: persist::State::new(),
         repl: repl::ReplState::default(),
+        acl,
     });
     repl::refresh_settings(&shared);
     memory::refresh(&shared);

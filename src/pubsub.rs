@@ -67,6 +67,14 @@ impl Registry {
         removed
     }
 
+    /// Every (channel or pattern, subscriber ids, is a pattern) of this thread.
+    pub fn all_subscriptions(&self) -> impl Iterator<Item = (&Bytes, &Vec<u64>, bool)> {
+        self.channels
+            .iter()
+            .map(|(n, ids)| (n, ids, false))
+            .chain(self.patterns.iter().map(|(n, ids)| (n, ids, true)))
+    }
+
     pub fn drop_subscriber(&mut self, id: u64) {
         self.subscribers.remove(&id);
     }

@@ -1,6 +1,5 @@
 //! The connection family: PING, ECHO, QUIT, RESET, AUTH, SELECT, HELLO, CLIENT.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,12 +48,7 @@ pub fn reset(sess: &mut Session, _args: &[Bytes]) {
     sess.out.resp3 = false;
     sess.no_touch = false;
     sess.reply_mode = ReplyMode::On;
-    sess.authenticated = !sess
-        .worker
-        .shared
-        .tunables
-        .requirepass_set
-        .load(Ordering::Relaxed);
+    super::acl::reset_user(sess);
     {
         let mut info = sess.handle.info.borrow_mut();
         info.name.clear();
@@ -66,47 +60,19 @@ pub fn reset(sess: &mut Session, _args: &[Bytes]) {
     sess.out.simple("RESET");
 }
 
-const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
-
-/// Checks a user and password against the only user Kite has, `default`.
-fn check_password(sess: &Session, user: Option<&[u8]>, pass: &[u8]) -> bool {
-    if let Some(u) = user {
-        if u != b"default" {
-            return false;
-        }
-    }
-    let config = sess
-        .worker
-        .shared
-        .config
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let required = config.requirepass();
-    // Without requirepass the default user takes any password.
-    required.is_empty() || required.as_bytes() == pass
-}
-
 pub fn auth(sess: &mut Session, args: &[Bytes]) {
-    let (user, pass) = match args.len() {
-        2 => (None, &args[1]),
-        3 => (Some(&args[1][..]), &args[2]),
+    let (user, pass): (&[u8], &[u8]) = match args.len() {
+        2 => (b"default", &args[1]),
+        3 => (&args[1], &args[2]),
         _ => return sess.error(SYNTAX_ERR),
     };
-    if user.is_none()
-        && !sess
-            .worker
-            .shared
-            .tunables
-            .requirepass_set
-            .load(Ordering::Relaxed)
-    {
+    if args.len() == 2 && sess.worker.shared.acl.default_user().nopass {
         return sess.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
     }
-    if check_password(sess, user, pass) {
-        sess.authenticated = true;
+    if super::acl::authenticate(sess, user, pass) {
         sess.out.ok();
     } else {
-        sess.error(WRONGPASS);
+        sess.error(super::acl::WRONGPASS);
     }
 }
 
@@ -156,10 +122,9 @@ pub fn hello(sess: &mut Session, args: &[Bytes]) {
         }
     }
     if let Some((user, pass)) = &auth {
-        if !check_password(sess, Some(user), pass) {
-            return sess.error(WRONGPASS);
+        if !super::acl::authenticate(sess, user, pass) {
+            return sess.error(super::acl::WRONGPASS);
         }
-        sess.authenticated = true;
     }
     if !sess.authenticated {
         return sess.error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
@@ -485,7 +450,7 @@ async_handler!(client, |sess, args| {
                     let matches = f.id.is_none_or(|id| id == info.id)
                         && f.addr.as_ref().is_none_or(|a| *a == info.addr)
                         && f.laddr.as_ref().is_none_or(|a| *a == info.laddr)
-                        && f.user.as_ref().is_none_or(|u| u == info.user)
+                        && f.user.as_ref().is_none_or(|u| **u == *info.user)
                         && f.maxage.is_none_or(|age| {
                             now.saturating_sub(info.created_unix_ms) / 1000 >= age
                         })

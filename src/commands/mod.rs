@@ -1,5 +1,6 @@
 //! Commands: the table (in `table.rs`), routing to shards, and one file per family.
 
+pub mod acl;
 pub mod connection;
 pub mod hashes;
 pub mod keys;
@@ -415,6 +416,10 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
     }
     if !sess.authenticated && !cmd.has(flags::NO_AUTH) {
         reject_command(sess, cmd, "NOAUTH Authentication required.");
+        return;
+    }
+    if let Some(msg) = acl::denial(sess, cmd, &args) {
+        reject_command(sess, cmd, &msg);
         return;
     }
     // Past maxmemory, Redis refuses commands that may grow memory, also while queueing

@@ -134,6 +134,8 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
         global: false,
         remote: target != worker.id,
         collect_effects: sess.in_exec,
+        user: (!sess.user.unrestricted).then(|| sess.user.clone()),
+        client_id: sess.id,
     };
     let outcome = if sess.in_exec {
         // EXEC already holds every shard.

@@ -463,6 +463,13 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
             match config.set_many(&pairs, local) {
                 Ok(()) => {
                     shared.tunables.refresh(&config);
+                    if pairs.iter().any(|(k, _)| k.eq_ignore_ascii_case("requirepass")) {
+                        shared.acl.set_requirepass(config.get("requirepass"));
+                    }
+                    shared.acl.log_max_len.store(
+                        config.get_i64("acllog-max-len") as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                     drop(config);
                     crate::persist::aof::rewrite::on_config_change(&sess.worker);
                     crate::repl::refresh_settings(&shared);

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{
-    connection as conn, hashes, keys, lists, persistence, pubsub, replication, scripting, server,
+    acl, connection as conn, hashes, keys, lists, persistence, pubsub, replication, scripting, server,
     sets, streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
@@ -50,6 +50,22 @@ const KPAIRS: Keys = Keys::Range(1, -1, 2);
 const KBUTLAST: Keys = Keys::Range(1, -2, 1);
 
 const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (3, 3, 1));
+
+const ACL_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("cat", -2, "noscript loading stale"),
+    ("deluser", -3, "admin noscript loading stale"),
+    ("dryrun", -4, "admin noscript loading stale"),
+    ("genpass", -2, "noscript loading stale"),
+    ("getuser", 3, "admin noscript loading stale"),
+    ("help", 2, "loading stale"),
+    ("list", 2, "admin noscript loading stale"),
+    ("load", 2, "admin noscript loading stale"),
+    ("log", -2, "admin noscript loading stale"),
+    ("save", 2, "admin noscript loading stale"),
+    ("setuser", -3, "admin noscript loading stale"),
+    ("users", 2, "admin noscript loading stale"),
+    ("whoami", 2, "noscript loading stale"),
+];
 
 const SCRIPT_SUBCOMMANDS: &[(&str, i32, &str)] = &[
     ("debug", 3, "noscript"),
@@ -103,6 +119,10 @@ pub fn all() -> Vec<Command> {
         with_subcommands(
             c("client", -2, "", NONE, "connection", "2.4.0", "Inspects and manages client connections.", Async(conn::client)),
             conn::CLIENT_SUBCOMMANDS,
+        ),
+        with_subcommands(
+            c("acl", -2, "", NONE, "server", "6.0.0", "Manages ACL users and shows the ACL log.", Async(acl::acl)),
+            ACL_SUBCOMMANDS,
         ),
         // Server
         c("info", -1, "loading stale", NONE, "server", "1.0.0", "Reports server information and statistics.", Async(server::info)),

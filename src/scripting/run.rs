@@ -51,6 +51,8 @@ pub struct Running {
     pub escalated: bool,
     pub started: Instant,
     pub killed: bool,
+    pub user: Option<Arc<crate::acl::User>>,
+    pub client_id: u64,
 }
 
 thread_local! {
@@ -91,6 +93,9 @@ pub struct Job {
     /// Run inside EXEC: its effects go back for the transaction's block instead of to
     /// the AOF.
     pub collect_effects: bool,
+    /// The caller's ACL user when it is restricted: each `redis.call` is checked.
+    pub user: Option<Arc<crate::acl::User>>,
+    pub client_id: u64,
 }
 
 /// Runs a job on this thread. On the fast path (`job.global` false) the caller made sure
@@ -125,6 +130,8 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
             escalated: false,
             started: Instant::now(),
             killed: false,
+            user: job.user.clone(),
+            client_id: job.client_id,
         })
     });
     debug_assert!(prev.is_none(), "scripts do not nest");
@@ -351,6 +358,17 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
             .ok_or_else(|| b"ERR redis.call is only available while a script runs".to_vec())?;
         if run.restart {
             return Err(b"ERR Kite: the script is being moved to the global path".to_vec());
+        }
+        if let Some(user) = &run.user {
+            if let Some(msg) = crate::commands::acl::script_denial(
+                user,
+                run.client_id,
+                cmd,
+                &argv,
+                &run.worker.shared,
+            ) {
+                return Err(msg.into_bytes());
+            }
         }
         // PUBLISH and the like replicate, so read-only scripts may not call them either.
         if run.read_only && (cmd.has(flags::WRITE) || cmd.has(flags::MAY_REPLICATE)) {

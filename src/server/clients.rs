@@ -32,7 +32,7 @@ pub struct ClientInfo {
     pub blocked: bool,
     pub sub: usize,
     pub psub: usize,
-    pub user: &'static str,
+    pub user: std::sync::Arc<str>,
     /// KIND_NORMAL, or a replication link (CLIENT LIST flags S and M, CLIENT KILL TYPE).
     pub kind: u8,
 }
@@ -65,7 +65,7 @@ impl ClientInfo {
             blocked: false,
             sub: 0,
             psub: 0,
-            user: "default",
+            user: "default".into(),
             kind: KIND_NORMAL,
         }
     }

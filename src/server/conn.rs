@@ -32,6 +32,8 @@ pub struct Moving {
     db: usize,
     resp3: bool,
     authenticated: bool,
+    user: std::sync::Arc<crate::acl::User>,
+    acl_version: u64,
     no_touch: bool,
     reply_mode: ReplyMode,
 }
@@ -71,7 +73,9 @@ pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
         info: ClientInfo::new(id, addr, laddr, fd),
         db: 0,
         resp3: false,
-        authenticated: !shared.tunables.requirepass_set.load(Ordering::Relaxed),
+        acl_version: shared.acl.version(),
+        authenticated: shared.acl.default_open(),
+        user: shared.acl.default_user(),
         no_touch: false,
         reply_mode: ReplyMode::On,
     };
@@ -93,6 +97,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         db,
         resp3,
         authenticated,
+        user,
+        acl_version,
         no_touch,
         reply_mode,
     } = m;
@@ -107,6 +113,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     };
     info.db = db;
     let id = info.id;
+    info.user = user.name.as_str().into();
     let handle = ClientHandle::new(info);
     worker.clients.borrow_mut().add(handle.clone());
     let mut sess = Session {
@@ -115,6 +122,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         db,
         out: Reply::with_buf(BytesMut::with_capacity(16 * 1024), resp3),
         authenticated,
+        user,
+        acl_version,
         no_touch,
         multi: None,
         watching: None,
@@ -151,6 +160,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                 sess.no_touch,
                 sess.reply_mode,
             );
+            let (user, acl_version) = (sess.user.clone(), sess.acl_version);
             let stream = sess.stream.take();
             drop(sess);
             let std_stream = stream
@@ -166,6 +176,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                         db,
                         resp3,
                         authenticated,
+                        user,
+                        acl_version,
                         no_touch,
                         reply_mode,
                     };
@@ -368,6 +380,9 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
     if sess.multi.is_some()
         || sess.reply_mode != ReplyMode::On
         || !sess.authenticated
+        // A restricted user's commands go through `execute`, which checks them.
+        || !sess.user.unrestricted
+        || sess.acl_version != sess.worker.shared.acl.version()
         || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
         || !cmd.arity_ok(args.len())
         || cmd.has(flags::BLOCKING)

@@ -26,6 +26,9 @@ pub struct Session {
     pub db: usize,
     pub out: Reply,
     pub authenticated: bool,
+    /// The ACL user this connection runs as, and the ACL version it was looked up at.
+    pub user: std::sync::Arc<crate::acl::User>,
+    pub acl_version: u64,
     pub no_touch: bool,
     pub multi: Option<MultiState>,
     pub watching: Option<WatchState>,
@@ -82,6 +85,8 @@ impl Session {
             db: 0,
             out: Reply::new(false),
             authenticated: true,
+            user: std::sync::Arc::new(crate::acl::User::default_user()),
+            acl_version: u64::MAX,
             no_touch: false,
             multi: None,
             watching: None,

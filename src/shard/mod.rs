@@ -72,6 +72,8 @@ pub struct Shared {
     pub persist: crate::persist::State,
     /// Replication ids, offsets and links (`repl::ReplState`).
     pub repl: crate::repl::ReplState,
+    /// ACL users (`acl::Acl`).
+    pub acl: crate::acl::Acl,
 }
 
 impl Shared {
@@ -113,6 +115,7 @@ impl Shared {
             sync_calls: crate::scripting::run::sync_queues(nshards),
             persist: crate::persist::State::new(),
             repl: crate::repl::ReplState::default(),
+            acl: crate::acl::Acl::new(),
         })
     }
 
