@@ -355,7 +355,11 @@ impl Selector {
         if !self.all_keys {
             let access = &entry.key_access;
             for (n, pos) in cmd.key_positions(args).into_iter().enumerate() {
-                let (read, write) = access[n.min(access.len() - 1)];
+                let (mut read, write) = access[n.min(access.len() - 1)];
+                // Redis's SET key spec reads the key only with GET.
+                if cmd.name == "set" {
+                    read = args[3..].iter().any(|a| a.eq_ignore_ascii_case(b"get"));
+                }
                 if !self.key_allowed(&args[pos], read, write) {
                     return Err((Denied::Key, pos));
                 }

@@ -75,6 +75,38 @@ pub fn denial(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) -> Opti
     ))
 }
 
+/// EXEC's second look at each queued command, for rules changed since it was queued:
+/// the error that takes the command's place, as Redis words it.
+pub fn exec_denial(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) -> Option<String> {
+    if sess.acl_version == sess.worker.shared.acl.version() && sess.user.unrestricted {
+        return None;
+    }
+    if !refresh_user(sess) {
+        return Some("NOPERM this user has been deleted".into());
+    }
+    let (denied, pos) = sess.user.check(cmd, args).err()?;
+    let ids = acl_commands();
+    let full_name = ids.entries[ids.id_of_call(cmd, args)].full_name;
+    let object: &[u8] = match denied {
+        Denied::Command => full_name.as_bytes(),
+        _ => &args[pos],
+    };
+    sess.worker.shared.acl.log_denial(
+        denied.into(),
+        Context::Multi,
+        object,
+        &sess.user.name,
+        client_line(sess),
+        unix_ms(),
+    );
+    let reason = match denied {
+        Denied::Command => "no permission to execute the command or subcommand",
+        Denied::Key => "no permission to touch the specified keys",
+        Denied::Channel => "no permission to access one of the channels used as arguments",
+    };
+    Some(format!("NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC call. This command is no longer allowed for the following reason: {reason}"))
+}
+
 /// The check `redis.call` makes inside a script for the script's caller.
 pub fn script_denial(user: &User, client_id: u64, cmd: &'static Command, args: &[Bytes], shared: &crate::shard::Shared) -> Option<String> {
     if user.unrestricted {
@@ -104,7 +136,7 @@ pub fn script_denial(user: &User, client_id: u64, cmd: &'static Command, args: &
 pub const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
 /// AUTH and HELLO AUTH: switches the connection to the user, or logs the failure.
-pub fn authenticate(sess: &mut Session, name: &[u8], pass: &[u8]) -> bool {
+pub fn authenticate(sess: &mut Session, name: &[u8], pass: &[u8], command: &[u8]) -> bool {
     let acl = &sess.worker.shared.acl;
     match acl.authenticate(name, pass) {
         Some(u) => {
@@ -119,7 +151,7 @@ pub fn authenticate(sess: &mut Session, name: &[u8], pass: &[u8]) -> bool {
             acl.log_denial(
                 Reason::Auth,
                 context(sess),
-                b"AUTH",
+                command,
                 &name,
                 client_line(sess),
                 unix_ms(),

@@ -69,7 +69,7 @@ pub fn auth(sess: &mut Session, args: &[Bytes]) {
     if args.len() == 2 && sess.worker.shared.acl.default_user().nopass {
         return sess.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
     }
-    if super::acl::authenticate(sess, user, pass) {
+    if super::acl::authenticate(sess, user, pass, &args[0]) {
         sess.out.ok();
     } else {
         sess.error(super::acl::WRONGPASS);
@@ -122,7 +122,7 @@ pub fn hello(sess: &mut Session, args: &[Bytes]) {
         }
     }
     if let Some((user, pass)) = &auth {
-        if !super::acl::authenticate(sess, user, pass) {
+        if !super::acl::authenticate(sess, user, pass, &args[0]) {
             return sess.error(super::acl::WRONGPASS);
         }
     }
@@ -312,7 +312,12 @@ fn parse_kill(sess: &Session, args: &[Bytes]) -> Result<(KillFilter, bool), Stri
             }
             "addr" => f.addr = Some(text),
             "laddr" => f.laddr = Some(text),
-            "user" => f.user = Some(text),
+            "user" => {
+                if sess.worker.shared.acl.user(&text).is_none() {
+                    return Err(format!("ERR No such user '{text}'"));
+                }
+                f.user = Some(text)
+            }
             "maxage" => f.maxage = Some(parse_i64(v).map_err(|e| e.to_string())?.max(0) as u64),
             "type" => match text.to_ascii_lowercase().as_str() {
                 t @ ("normal" | "master" | "replica" | "slave" | "pubsub") => {

@@ -191,7 +191,46 @@ async_handler!(exec, |sess, _args| {
     });
     let watched = watch.as_ref().map(|w| w.keys.clone()).unwrap_or_default();
     let n = m.queued.len();
-    match plan(sess, &m.queued, &watched) {
+    // Rules may have changed since the commands were queued: a command no longer
+    // allowed gets an error in its place, and the rest run one by one.
+    let mut refused: Vec<Option<String>> = Vec::new();
+    if !(sess.user.unrestricted && sess.acl_version == sess.worker.shared.acl.version()) {
+        refused = m
+            .queued
+            .iter()
+            .map(|(cmd, args)| super::acl::exec_denial(sess, cmd, args))
+            .collect();
+    }
+    let any_refused = refused.iter().any(Option::is_some);
+    let allowed: Vec<(&'static Command, Vec<Bytes>)> = if any_refused {
+        m.queued
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| r.is_none())
+            .map(|(q, _)| q.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let planned = if any_refused {
+        match plan(sess, &allowed, &watched) {
+            Plan::Spread { all_shards, keys } => Plan::Spread { all_shards, keys },
+            Plan::OneShard(_) => {
+                let mut keys: Vec<Bytes> = Vec::new();
+                for (cmd, args) in &allowed {
+                    keys.extend(cmd.key_positions(args).into_iter().map(|i| args[i].clone()));
+                }
+                keys.extend(watched.iter().map(|(_, k)| k.clone()));
+                Plan::Spread {
+                    all_shards: false,
+                    keys,
+                }
+            }
+        }
+    } else {
+        plan(sess, &m.queued, &watched)
+    };
+    match planned {
         Plan::OneShard(target) => {
             let spec = BatchSpec {
                 db: sess.db,
@@ -243,8 +282,11 @@ async_handler!(exec, |sess, _args| {
             }
             sess.out.array(n);
             sess.in_exec = true;
-            for (cmd, args) in m.queued {
-                run_in_tx(sess, &tx, cmd, args).await;
+            for (i, (cmd, args)) in m.queued.into_iter().enumerate() {
+                match refused.get(i) {
+                    Some(Some(msg)) => sess.error(msg),
+                    _ => run_in_tx(sess, &tx, cmd, args).await,
+                }
             }
             sess.in_exec = false;
             drop(tx);
