@@ -131,7 +131,7 @@ pub static PARAMS: &[Param] = &[
     p("dir", Kind::Text, ".", true, true),
     p("dbfilename", Kind::Text, "dump.rdb", true, true),
     p("daemonize", YESNO, "no", false, false),
-    p("protected-mode", YESNO, "yes", true, false),
+    p("protected-mode", YESNO, "yes", true, true),
     p("tcp-backlog", Kind::Int(0, I64MAX), "511", false, false),
     p("tcp-keepalive", Kind::Int(0, I64MAX), "300", true, false),
     p("unixsocket", Kind::Text, "", false, false),
@@ -364,14 +364,14 @@ pub static PARAMS: &[Param] = &[
         Kind::Text,
         "normal 0 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60",
         true,
-        false,
+        true,
     ),
     p(
         "client-query-buffer-limit",
         Kind::Memory,
         "1073741824",
         true,
-        false,
+        true,
     ),
     p("aof-use-rdb-preamble", YESNO, "yes", true, true),
     p("aof-rewrite-incremental-fsync", YESNO, "yes", true, false),
@@ -410,9 +410,9 @@ pub static PARAMS: &[Param] = &[
     p(
         "enable-debug-command",
         Kind::Enum(&["yes", "no", "local"]),
-        "local",
+        "no",
         false,
-        false,
+        true,
     ),
     p(
         "enable-protected-configs",
@@ -573,7 +573,6 @@ impl Config {
         self.get(name) == "yes"
     }
 
-
     /// Settings changed from their defaults that Kite stores but does not act on.
     pub fn ignored_settings(&self) -> Vec<(&'static str, &str)> {
         PARAMS
@@ -588,7 +587,12 @@ impl Config {
     pub fn set_initial(&mut self, name: &str, value: &str) -> Result<(), String> {
         let i = find_param(name)
             .ok_or_else(|| format!("Bad directive or wrong number of arguments: '{}'", name))?;
-        self.values[i] = validate(&PARAMS[i], value)?;
+        let value = if PARAMS[i].name == "client-output-buffer-limit" {
+            merge_output_buffer_limits(&self.values[i], value)?
+        } else {
+            value.to_string()
+        };
+        self.values[i] = validate(&PARAMS[i], &value)?;
         Ok(())
     }
 
@@ -621,7 +625,12 @@ impl Config {
                     name
                 ));
             }
-            staged[i] = validate(param, value).map_err(|why| {
+            let value = if param.name == "client-output-buffer-limit" {
+                merge_output_buffer_limits(&staged[i], value)
+            } else {
+                Ok(value.clone())
+            };
+            staged[i] = value.and_then(|v| validate(param, &v)).map_err(|why| {
                 format!(
                     "ERR CONFIG SET failed (possibly related to argument '{}') - {}",
                     name, why
@@ -837,6 +846,61 @@ fn split_config_line(line: &str) -> Option<Vec<String>> {
     }
 }
 
+/// `client-output-buffer-limit` as Redis changes it: the classes named replace theirs,
+/// the others stay; the result lists all three in bytes, in Redis's order.
+fn merge_output_buffer_limits(current: &str, change: &str) -> Result<String, String> {
+    let words: Vec<&str> = change.split_whitespace().collect();
+    if words.is_empty() || !words.len().is_multiple_of(4) {
+        return Err("Wrong number of arguments in buffer limit configuration.".into());
+    }
+    let mut classes: Vec<(&str, (u64, u64, u64))> = ["normal", "slave", "pubsub"]
+        .iter()
+        .map(|c| (*c, output_buffer_class(current, c).unwrap_or((0, 0, 0))))
+        .collect();
+    for w in words.chunks(4) {
+        let class = match w[0].to_ascii_lowercase().as_str() {
+            "normal" => "normal",
+            "replica" | "slave" => "slave",
+            "pubsub" => "pubsub",
+            _ => {
+                return Err("Invalid client class specified in buffer limit configuration.".into())
+            }
+        };
+        let hard = parse_memory(w[1]);
+        let soft = parse_memory(w[2]);
+        let secs = w[3].parse::<u64>().ok();
+        let (Some(hard), Some(soft), Some(secs)) = (hard, soft, secs) else {
+            return Err(
+                "Error in hard, soft or soft_seconds setting in buffer limit configuration.".into(),
+            );
+        };
+        if let Some(slot) = classes.iter_mut().find(|(c, _)| *c == class) {
+            slot.1 = (hard, soft, secs);
+        }
+    }
+    Ok(classes
+        .iter()
+        .map(|(c, (h, s, t))| format!("{c} {h} {s} {t}"))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// One class of `client-output-buffer-limit` (`normal`, `replica` or `slave`, `pubsub`):
+/// hard bytes, soft bytes, soft seconds.
+pub fn output_buffer_class(setting: &str, class: &str) -> Option<(u64, u64, u64)> {
+    let words: Vec<&str> = setting.split_whitespace().collect();
+    let same = |w: &str| {
+        w == class || (matches!(w, "replica" | "slave") && matches!(class, "replica" | "slave"))
+    };
+    words
+        .chunks(4)
+        .rfind(|w| w.len() == 4 && same(w[0]))
+        .map(|w| {
+            let mem = |s: &str| parse_memory(s).unwrap_or(0);
+            (mem(w[1]), mem(w[2]), w[3].parse().unwrap_or(0))
+        })
+}
+
 /// Settings read on hot paths, kept in atomics so no thread takes a lock to read them.
 pub struct Tunables {
     pub databases: usize,
@@ -851,6 +915,12 @@ pub struct Tunables {
     /// notify-keyspace-events as `pubsub::class` flags.
     pub notify_flags: AtomicU32,
     pub busy_reply_threshold_ms: AtomicU64,
+    /// `client-output-buffer-limit` for the normal and pubsub classes: hard, soft bytes
+    /// and soft seconds (the replica class lives in `repl`).
+    pub obuf_normal: [AtomicU64; 3],
+    pub obuf_pubsub: [AtomicU64; 3],
+    pub query_buffer_limit: AtomicUsize,
+    pub protected_mode: AtomicBool,
 }
 
 impl Tunables {
@@ -867,6 +937,10 @@ impl Tunables {
             latency_threshold_ms: AtomicU64::new(0),
             notify_flags: AtomicU32::new(0),
             busy_reply_threshold_ms: AtomicU64::new(5000),
+            obuf_normal: Default::default(),
+            obuf_pubsub: Default::default(),
+            query_buffer_limit: AtomicUsize::new(1 << 30),
+            protected_mode: AtomicBool::new(true),
         };
         t.refresh(c);
         t
@@ -890,6 +964,16 @@ impl Tunables {
             .store(c.get_i64("latency-monitor-threshold") as u64, r);
         self.busy_reply_threshold_ms
             .store(c.get_i64("busy-reply-threshold") as u64, r);
+        let limits = c.get("client-output-buffer-limit");
+        for (class, slots) in [("normal", &self.obuf_normal), ("pubsub", &self.obuf_pubsub)] {
+            let v = output_buffer_class(limits, class).unwrap_or((0, 0, 0));
+            slots[0].store(v.0, r);
+            slots[1].store(v.1, r);
+            slots[2].store(v.2, r);
+        }
+        self.query_buffer_limit
+            .store(c.get_i64("client-query-buffer-limit") as usize, r);
+        self.protected_mode.store(c.get_bool("protected-mode"), r);
         self.notify_flags.store(
             crate::pubsub::parse_classes(c.get("notify-keyspace-events")).unwrap_or(0),
             r,

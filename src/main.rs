@@ -303,11 +303,13 @@ fn main() {
         subscriptions: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
         busy: (0..threads).map(|_| Default::default()).collect(),
         busy_wrote: (0..threads).map(|_| AtomicBool::new(false)).collect(),
+        busy_kind: (0..threads).map(|_| Default::default()).collect(),
         busy_count: AtomicUsize::new(0),
         sync_calls: scripting::run::sync_queues(threads),
         persist: persist::State::new(),
         repl: repl::ReplState::default(),
         acl,
+        inbox: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
     });
     repl::refresh_settings(&shared);
     memory::refresh(&shared);

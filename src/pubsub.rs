@@ -19,6 +19,40 @@ use crate::shard::{Shared, Worker};
 struct Subscriber {
     tx: mpsc::UnboundedSender<Bytes>,
     resp3: bool,
+    /// Bytes queued for the connection and not yet written to its socket, shared with
+    /// the connection (which takes them off as it writes).
+    queued: Rc<std::cell::Cell<usize>>,
+    /// When the queue went past the soft limit (unix ms), while it stays past it.
+    soft_since: std::cell::Cell<Option<u64>>,
+}
+
+/// `client-output-buffer-limit pubsub`: hard bytes, soft bytes, soft seconds.
+#[derive(Clone, Copy)]
+pub struct OutputLimit {
+    pub hard: u64,
+    pub soft: u64,
+    pub soft_secs: u64,
+}
+
+impl OutputLimit {
+    /// Whether `queued` bytes break the limit, starting or clearing the soft clock.
+    pub fn exceeded(
+        &self,
+        queued: u64,
+        soft_since: &std::cell::Cell<Option<u64>>,
+        now_ms: u64,
+    ) -> bool {
+        if self.hard > 0 && queued >= self.hard {
+            return true;
+        }
+        if self.soft > 0 && queued >= self.soft {
+            let since = soft_since.get().unwrap_or(now_ms);
+            soft_since.set(Some(since));
+            return now_ms.saturating_sub(since) >= self.soft_secs * 1000;
+        }
+        soft_since.set(None);
+        false
+    }
 }
 
 /// The subscriptions of one thread's connections.
@@ -30,8 +64,22 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn set_subscriber(&mut self, id: u64, tx: mpsc::UnboundedSender<Bytes>, resp3: bool) {
-        self.subscribers.insert(id, Subscriber { tx, resp3 });
+    pub fn set_subscriber(
+        &mut self,
+        id: u64,
+        tx: mpsc::UnboundedSender<Bytes>,
+        resp3: bool,
+        queued: Rc<std::cell::Cell<usize>>,
+    ) {
+        self.subscribers.insert(
+            id,
+            Subscriber {
+                tx,
+                resp3,
+                queued,
+                soft_since: std::cell::Cell::new(None),
+            },
+        );
     }
 
     /// Adds `id` to a channel (or pattern); false if it was there already.
@@ -79,18 +127,29 @@ impl Registry {
         self.subscribers.remove(&id);
     }
 
-    /// Delivers a message to this thread's subscribers; returns how many received it.
-    pub fn deliver(&self, channel: &[u8], message: &[u8]) -> usize {
+    /// Delivers a message to this thread's subscribers; returns how many received it,
+    /// and the subscribers whose queue is now past `limit` (to be disconnected).
+    pub fn deliver(&self, channel: &[u8], message: &[u8], limit: OutputLimit) -> (usize, Vec<u64>) {
         let mut n = 0;
+        let mut over = Vec::new();
+        let now = crate::shard::unix_ms();
+        let mut send = |id: u64, s: &Subscriber, r: Reply| {
+            let len = r.buf.len();
+            s.queued.set(s.queued.get() + len);
+            let _ = s.tx.send(r.buf.freeze());
+            if limit.exceeded(s.queued.get() as u64, &s.soft_since, now) {
+                over.push(id);
+            }
+        };
         if let Some(ids) = self.channels.get(channel) {
-            for id in ids {
-                if let Some(s) = self.subscribers.get(id) {
+            for &id in ids {
+                if let Some(s) = self.subscribers.get(&id) {
                     let mut r = Reply::new(s.resp3);
                     r.push(3);
                     r.bulk(b"message");
                     r.bulk(channel);
                     r.bulk(message);
-                    let _ = s.tx.send(r.buf.freeze());
+                    send(id, s, r);
                     n += 1;
                 }
             }
@@ -99,20 +158,20 @@ impl Registry {
             if !glob_match(pattern, channel, false) {
                 continue;
             }
-            for id in ids {
-                if let Some(s) = self.subscribers.get(id) {
+            for &id in ids {
+                if let Some(s) = self.subscribers.get(&id) {
                     let mut r = Reply::new(s.resp3);
                     r.push(4);
                     r.bulk(b"pmessage");
                     r.bulk(pattern);
                     r.bulk(channel);
                     r.bulk(message);
-                    let _ = s.tx.send(r.buf.freeze());
+                    send(id, s, r);
                     n += 1;
                 }
             }
         }
-        n
+        (n, over)
     }
 
     pub fn channel_names(&self) -> impl Iterator<Item = &Bytes> {
@@ -128,6 +187,33 @@ impl Registry {
     }
 }
 
+/// Delivers to this thread's subscribers, and disconnects those whose unsent messages
+/// passed `client-output-buffer-limit pubsub`: a subscriber that stops reading costs no
+/// more than its limit.
+fn deliver_here(worker: &Rc<Worker>, channel: &[u8], message: &[u8]) -> usize {
+    let t = &worker.shared.tunables.obuf_pubsub;
+    let limit = OutputLimit {
+        hard: t[0].load(Ordering::Relaxed),
+        soft: t[1].load(Ordering::Relaxed),
+        soft_secs: t[2].load(Ordering::Relaxed),
+    };
+    let (n, over) = worker
+        .clients
+        .borrow()
+        .pubsub
+        .deliver(channel, message, limit);
+    if !over.is_empty() {
+        let mut clients = worker.clients.borrow_mut();
+        for id in over {
+            clients.pubsub.drop_subscriber(id);
+            if let Some(h) = clients.map.get(&id) {
+                crate::server::conn::close_for_output_limit(h, "pubsub");
+            }
+        }
+    }
+    n
+}
+
 /// Publishes without waiting for the count (keyspace notifications).
 ///
 /// Returns how many receivers this thread had (a script's PUBLISH reports those, as it
@@ -140,13 +226,13 @@ pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
             continue;
         }
         if t == worker.id {
-            here = worker.clients.borrow().pubsub.deliver(&channel, &message);
+            here = deliver_here(worker, &channel, &message);
         } else {
             let (c, m) = (channel.clone(), message.clone());
             shared.send(
                 t,
                 Box::new(move |w| {
-                    w.clients.borrow().pubsub.deliver(&c, &m);
+                    deliver_here(w, &c, &m);
                 }),
             );
         }
@@ -164,14 +250,14 @@ pub async fn publish_counted(worker: &Rc<Worker>, channel: Bytes, message: Bytes
             continue;
         }
         if t == worker.id {
-            n += worker.clients.borrow().pubsub.deliver(&channel, &message);
+            n += deliver_here(worker, &channel, &message);
         } else {
             let (c, m) = (channel.clone(), message.clone());
             let (tx, rx) = tokio::sync::oneshot::channel();
             shared.send(
                 t,
                 Box::new(move |w| {
-                    let _ = tx.send(w.clients.borrow().pubsub.deliver(&c, &m));
+                    let _ = tx.send(deliver_here(w, &c, &m));
                 }),
             );
             waiting.push(rx);

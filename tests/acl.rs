@@ -233,7 +233,7 @@ fn bulk(s: &str) -> Resp {
 }
 
 fn bulks(items: &[&str]) -> Resp {
-    Resp::Array(items.iter().map(|s| Resp::bulk(s)).collect())
+    Resp::Array(items.iter().map(Resp::bulk).collect())
 }
 
 /// Runs ACL SETUSER `user` `rules...` and asserts +OK.
@@ -282,7 +282,7 @@ fn getuser_fields(c: &mut Client, user: &str) -> Vec<(String, Resp)> {
     let items = r
         .as_array()
         .unwrap_or_else(|| panic!("ACL GETUSER {user}: {r}"));
-    assert!(items.len() % 2 == 0, "odd GETUSER reply {r}");
+    assert!(items.len().is_multiple_of(2), "odd GETUSER reply {r}");
     items
         .chunks(2)
         .map(|p| (p[0].as_string().expect("field name"), p[1].clone()))

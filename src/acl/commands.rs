@@ -101,7 +101,9 @@ fn explicit_categories(full: &str) -> u32 {
     tables::EXPLICIT
         .iter()
         .find(|(n, _)| *n == full)
-        .map_or(0, |(_, cats)| cats.split(' ').map(cat).fold(0, |a, b| a | b))
+        .map_or(0, |(_, cats)| {
+            cats.split(' ').map(cat).fold(0, |a, b| a | b)
+        })
 }
 
 fn key_access(full: &str, readonly: bool) -> Vec<(bool, bool)> {

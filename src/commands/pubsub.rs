@@ -45,7 +45,7 @@ fn subscribe_to(sess: &mut Session, names: &[Bytes], pattern: bool) {
         .clients
         .borrow_mut()
         .pubsub
-        .set_subscriber(id, tx, resp3);
+        .set_subscriber(id, tx, resp3, sess.push_queued.clone());
     for name in names {
         let added = worker
             .clients

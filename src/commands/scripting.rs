@@ -250,18 +250,52 @@ async_handler!(script, |sess, args| {
 /// SCRIPT KILL and FUNCTION KILL: stops a script past the busy threshold that has not
 /// written yet.
 fn kill(sess: &mut Session, function: bool) {
-    let shared = &sess.worker.shared;
+    match kill_busy(&sess.worker.shared, !function) {
+        Ok(()) => sess.out.ok(),
+        Err(e) => sess.out.error(&e),
+    }
+}
+
+const BUSY_EVAL: &str =
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
+const BUSY_FUNCTION: &str =
+    "BUSY Redis is busy running a script. You can only call FUNCTION KILL or SHUTDOWN NOSAVE.";
+
+/// Asks the busy script to stop (SCRIPT KILL for EVAL, FUNCTION KILL for FCALL); the
+/// error when there is none, it has written, or the other command is needed. Also called
+/// from the busy thread's own hook (`scripting::busy`).
+pub fn kill_busy(shared: &crate::shard::Shared, is_eval: bool) -> Result<(), String> {
     for (id, slot) in shared.busy.iter().enumerate() {
         if slot.load(Ordering::Acquire) == BUSY_RUNNING {
             if shared.busy_wrote[id].load(Ordering::Acquire) {
-                return sess.out.error("UNKILLABLE Sorry the script already executed write commands against the dataset. You can either wait the script termination or kill the server in a hard way using the SHUTDOWN NOSAVE command.");
+                return Err("UNKILLABLE Sorry the script already executed write commands against the dataset. You can either wait the script termination or kill the server in a hard way using the SHUTDOWN NOSAVE command.".into());
+            }
+            let function = shared.busy_kind[id].load(Ordering::Acquire) & run::KIND_FUNCTION != 0;
+            if is_eval && function {
+                return Err(BUSY_FUNCTION.into());
+            }
+            if !is_eval && !function {
+                return Err(BUSY_EVAL.into());
             }
             slot.store(BUSY_KILL, Ordering::Release);
-            return sess.out.ok();
+            return Ok(());
         }
     }
-    let _ = function;
-    sess.out.error("NOTBUSY No scripts in execution right now.");
+    Err("NOTBUSY No scripts in execution right now.".into())
+}
+
+/// The BUSY text while a script is busy: which KILL command it names depends on whether
+/// an FCALL function or an EVAL script runs.
+pub fn busy_text(shared: &crate::shard::Shared) -> &'static str {
+    let function = shared.busy.iter().enumerate().any(|(id, slot)| {
+        slot.load(Ordering::Acquire) >= BUSY_RUNNING
+            && shared.busy_kind[id].load(Ordering::Acquire) & run::KIND_FUNCTION != 0
+    });
+    if function {
+        BUSY_FUNCTION
+    } else {
+        BUSY_EVAL
+    }
 }
 
 async_handler!(function, |sess, args| {
@@ -486,8 +520,6 @@ fn help_reply(out: &mut Reply, lines: &[&str]) {
 }
 
 /// The reply a command gets while a script is past the busy threshold.
-pub fn busy_error(out: &mut Reply) {
-    out.error(
-        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-    );
+pub fn busy_error(shared: &crate::shard::Shared, out: &mut Reply) {
+    out.error(busy_text(shared));
 }

@@ -276,7 +276,7 @@ async_handler!(info, |sess, args| {
     if show("stats") {
         let _ = write!(
             s,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\nclient_query_buffer_limit_disconnections:{}\r\n\r\n",
             sum(12),
             sum(0),
             reports.iter().map(|r| r.ops_per_sec).sum::<u64>(),
@@ -292,6 +292,12 @@ async_handler!(info, |sess, args| {
             distinct(reports.iter().flat_map(|r| r.channels.iter())),
             distinct(reports.iter().flat_map(|r| r.patterns.iter())),
             sum(1),
+            shared.acl.denied[0].load(Ordering::Relaxed),
+            shared.acl.denied[1].load(Ordering::Relaxed),
+            shared.acl.denied[2].load(Ordering::Relaxed),
+            shared.acl.denied[3].load(Ordering::Relaxed),
+            crate::server::conn::OBUF_DISCONNECTIONS.load(Ordering::Relaxed),
+            crate::server::conn::QBUF_DISCONNECTIONS.load(Ordering::Relaxed),
         );
     }
     if show("replication") {
@@ -463,7 +469,10 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
             match config.set_many(&pairs, local) {
                 Ok(()) => {
                     shared.tunables.refresh(&config);
-                    if pairs.iter().any(|(k, _)| k.eq_ignore_ascii_case("requirepass")) {
+                    if pairs
+                        .iter()
+                        .any(|(k, _)| k.eq_ignore_ascii_case("requirepass"))
+                    {
                         shared.acl.set_requirepass(config.get("requirepass"));
                     }
                     shared.acl.log_max_len.store(
@@ -846,7 +855,30 @@ const DEBUG_HELP: &[&str] = &[
 // WAIT numreplicas timeout: Kite has no replicas, so the answer is always 0 replicas,
 // given at once when none is asked for and after the timeout otherwise (0: never), as
 // Redis does without replicas.
+/// Whether `enable-debug-command` lets this connection run DEBUG.
+fn debug_allowed(sess: &Session) -> bool {
+    let setting = sess
+        .worker
+        .shared
+        .config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get("enable-debug-command")
+        .to_string();
+    match setting.as_str() {
+        "yes" => true,
+        "local" => sess
+            .stream
+            .as_ref()
+            .is_none_or(|s| s.peer_addr().is_ok_and(|a| a.ip().is_loopback())),
+        _ => sess.stream.is_none(),
+    }
+}
+
 async_handler!(debug, |sess, args| {
+    if !debug_allowed(sess) {
+        return sess.error("ERR DEBUG command not allowed. If the enable-debug-command option is set to \"local\", you can run it from a local connection, otherwise you need to set this option in the configuration file, and then restart the server.");
+    }
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match (sub.as_str(), args.len()) {
         ("help", 2) => help(sess, DEBUG_HELP),

@@ -4,8 +4,8 @@
 use bytes::Bytes;
 
 use super::{
-    acl, connection as conn, hashes, keys, lists, persistence, pubsub, replication, scripting, server,
-    sets, streams, strings, transactions as tx, zsets,
+    acl, connection as conn, hashes, keys, lists, persistence, pubsub, replication, scripting,
+    server, sets, streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};

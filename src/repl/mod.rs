@@ -296,14 +296,7 @@ pub fn refresh_settings(shared: &Shared) {
 
 /// The `replica` (or `slave`) class of `client-output-buffer-limit`: hard, soft, seconds.
 fn replica_buffer_limit(setting: &str) -> (u64, u64, u64) {
-    let words: Vec<&str> = setting.split_whitespace().collect();
-    for w in words.chunks(4) {
-        if w.len() == 4 && matches!(w[0], "replica" | "slave") {
-            let mem = |s: &str| crate::config::parse_memory(s).unwrap_or(0);
-            return (mem(w[1]), mem(w[2]), w[3].parse().unwrap_or(0));
-        }
-    }
-    (256 << 20, 64 << 20, 60)
+    crate::config::output_buffer_class(setting, "replica").unwrap_or((256 << 20, 64 << 20, 60))
 }
 
 /// Once a second on thread 0: counts the replicas that acknowledged recently enough for

@@ -3,6 +3,7 @@
 //! The script cache is shared by every thread (a script loaded through one connection
 //! runs through any other); each thread compiles a script the first time it runs it.
 
+pub mod busy;
 pub mod convert;
 pub mod functions;
 pub mod libs;

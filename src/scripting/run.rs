@@ -141,6 +141,12 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         shard.aof_hold();
         shard.aof.mark()
     };
+    let kind = if matches!(job.body, Body::Function(_)) {
+        KIND_FUNCTION
+    } else {
+        0
+    } | if job.global { KIND_GLOBAL } else { 0 };
+    worker.shared.busy_kind[worker.id].store(kind, Ordering::Release);
     mark_busy(worker, true);
     // A panic inside the interpreter (mlua runs out of reference slots on absurd
     // inputs) must not take the thread down: the script fails, the interpreter is
@@ -867,7 +873,8 @@ fn hook_verdict() -> Option<(&'static std::ffi::CStr, bool)> {
     if super::functions::load_timed_out() {
         return Some((c"FUNCTION LOAD timeout", false));
     }
-    RUN.with(|r| {
+    let mut serve_clients: Option<Rc<Worker>> = None;
+    let verdict = RUN.with(|r| {
         let mut guard = r.try_borrow_mut().ok()?;
         let run = guard.as_mut()?;
         let shared = &run.worker.shared;
@@ -896,8 +903,28 @@ fn hook_verdict() -> Option<(&'static std::ffi::CStr, bool)> {
             run.killed = true;
             return Some((c"Script killed by user with SCRIPT KILL...", true));
         }
+        if shared.busy[id].load(Ordering::Acquire) == BUSY_RUNNING {
+            serve_clients = Some(run.worker.clone());
+        }
         None
-    })
+    });
+    if verdict.is_none() {
+        if let Some(worker) = serve_clients {
+            super::busy::serve(&worker);
+            // A SCRIPT KILL served just now stops the script at once.
+            if worker.shared.busy[worker.id].load(Ordering::Acquire) == BUSY_KILL {
+                RUN.with(|r| {
+                    if let Ok(mut g) = r.try_borrow_mut() {
+                        if let Some(run) = g.as_mut() {
+                            run.killed = true;
+                        }
+                    }
+                });
+                return Some((c"Script killed by user with SCRIPT KILL...", true));
+            }
+        }
+    }
+    verdict
 }
 
 /// Per-thread script state others can see: idle, running under the threshold, running
@@ -907,6 +934,10 @@ pub const BUSY_STARTED: u8 = 1;
 pub const BUSY_RUNNING: u8 = 2;
 pub const BUSY_KILL: u8 = 3;
 
+/// `Shared::busy_kind` bits: the script is an FCALL function; it holds other shards.
+pub const KIND_FUNCTION: u8 = 1;
+pub const KIND_GLOBAL: u8 = 2;
+
 fn mark_busy(worker: &Rc<Worker>, running: bool) {
     let slot = &worker.shared.busy[worker.id];
     let before = slot.swap(
@@ -915,6 +946,9 @@ fn mark_busy(worker: &Rc<Worker>, running: bool) {
     );
     if before == BUSY_RUNNING || before == BUSY_KILL {
         worker.shared.busy_count.fetch_sub(1, Ordering::AcqRel);
+        if !running {
+            super::busy::release(worker);
+        }
     }
     worker.shared.busy_wrote[worker.id].store(false, Ordering::Release);
 }

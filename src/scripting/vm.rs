@@ -112,8 +112,22 @@ end
 local function deny_write()
   error("Attempt to modify a readonly table", 2)
 end
+-- Every table a script must not change: rawset and setmetatable refuse them too, as
+-- Redis's read-only tables do.
+local protected = setmetatable({}, { __mode = "k" })
 local function readonly(t)
-  return setmetatable({}, { __index = t, __newindex = deny_write, __metatable = false })
+  local proxy = setmetatable({}, { __index = t, __newindex = deny_write, __metatable = false })
+  protected[proxy] = true
+  return proxy
+end
+local rawset_raw = rawset
+real.rawset = function(t, k, v)
+  if protected[t] then error("Attempt to modify a readonly table", 2) end
+  return rawset_raw(t, k, v)
+end
+real.setmetatable = function(t, mt)
+  if protected[t] then error("Attempt to modify a readonly table", 2) end
+  return setmetatable(t, mt)
 end
 
 -- Errors leave a script as a table {err=...} that also says where they were raised:
@@ -146,7 +160,7 @@ for k, v in pairs(redis_base) do lib_redis[k] = v end
 redis_base.register_function = nil
 local lib_globals = { redis = readonly(lib_redis) }
 
-local env = setmetatable({}, {
+local env_meta = {
   __index = function(_, key)
     local value = rawget(real, key)
     if value == nil then
@@ -155,22 +169,44 @@ local env = setmetatable({}, {
     return value
   end,
   __newindex = deny_write,
-  __metatable = false,
-})
+}
+-- getmetatable(_G) shows a read-only view of the globals' metatable, as in Redis.
+env_meta.__metatable = readonly({ __index = env_meta.__index, __newindex = deny_write })
+local env = setmetatable({}, env_meta)
 real._G = env
+-- Precompiled bytecode is never loaded: Lua 5.1 does not verify it, and a crafted
+-- chunk reads and writes memory at will. Text is all a script may compile.
+local BYTECODE = "\27"
+local sub, concat = string.sub, table.concat
 real.loadstring = function(s, name)
+  if type(s) == "string" and sub(s, 1, 1) == BYTECODE then
+    return nil, "attempt to load a binary chunk"
+  end
   local f, e = loadstring(s, name)
   if f then setfenv(f, env) end
   return f, e
 end
 real.load = function(chunk, name)
-  local f, e = load(chunk, name)
-  if f then setfenv(f, env) end
-  return f, e
+  if type(chunk) == "function" then
+    local parts = {}
+    while true do
+      local piece = chunk()
+      if piece == nil or piece == "" then break end
+      if type(piece) ~= "string" then return nil, "reader function must return a string" end
+      parts[#parts + 1] = piece
+    end
+    chunk = concat(parts)
+  end
+  return real.loadstring(chunk, name)
 end
 for _, name in ipairs({ "string", "table", "math", "coroutine", "bit", "cjson", "cmsgpack", "struct", "redis" }) do
   if real[name] ~= nil then real[name] = readonly(real[name]) end
 end
+-- Strings share one metatable whose __index is the string library: scripts see a
+-- read-only copy of it, so no script can change what another script's strings do.
+local string_meta = getmetatable("")
+string_meta.__metatable = readonly({ __index = real.string })
+protected[env] = true
 
 local function run_script(f)
   return xpcall(f, handler)
@@ -190,6 +226,7 @@ local lib_env = setmetatable({}, {
   __newindex = deny_write,
   __metatable = false,
 })
+protected[lib_env] = true
 return env, run_script, run_function, setfenv, lib_env
 "#;
 
@@ -354,6 +391,7 @@ impl Vm {
             .lua
             .load(body)
             .set_name(name)
+            .set_mode(mlua::ChunkMode::Text)
             .into_function()
             .map_err(|e| match e {
                 mlua::Error::SyntaxError { message, .. } => message,

@@ -137,6 +137,14 @@ pub struct ClientHandle {
     pub blocked: Cell<bool>,
     /// Set by CLIENT UNBLOCK: Some(true) to fail with an error, Some(false) to time out.
     pub unblock: Cell<Option<bool>>,
+    /// Waiting for a request with nothing buffered: a busy script's hook may answer it
+    /// (`scripting::busy`).
+    pub idle_read: Cell<bool>,
+    /// What that hook read but did not answer (an unfinished request), what it could
+    /// not send, and whether either holds anything.
+    pub hook_in: RefCell<bytes::BytesMut>,
+    pub hook_out: RefCell<Vec<u8>>,
+    pub hook_touched: Cell<bool>,
 }
 
 impl ClientHandle {
@@ -148,6 +156,10 @@ impl ClientHandle {
             last_active: Cell::new(unix_ms()),
             blocked: Cell::new(false),
             unblock: Cell::new(None),
+            idle_read: Cell::new(false),
+            hook_in: RefCell::new(bytes::BytesMut::new()),
+            hook_out: RefCell::new(Vec::new()),
+            hook_touched: Cell::new(false),
         })
     }
 

@@ -36,6 +36,8 @@ pub struct Moving {
     acl_version: u64,
     no_touch: bool,
     reply_mode: ReplyMode,
+    /// Replies already owed before anything else is sent (`scripting::busy`).
+    preface: Vec<u8>,
 }
 
 enum Exit {
@@ -43,9 +45,44 @@ enum Exit {
     Migrate(usize),
 }
 
+/// Redis's explanation to a remote client while no password protects the default user.
+const PROTECTED_MODE_DENIED: &str = "-DENIED Redis is running in protected mode because protected mode is enabled and no password is set for the default user. In this mode connections are only accepted from the loopback interface. If you want to connect from external computers to Redis you may adopt one of the following solutions: 1) Just disable protected mode sending the command 'CONFIG SET protected-mode no' from the loopback interface by connecting to Redis from the same host the server is running, however MAKE SURE Redis is not publicly accessible from internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively you can just disable the protected mode by editing the Redis configuration file, and setting the protected mode option to 'no', and then restarting the server. 3) If you started the server manually just for testing, restart it with the '--protected-mode no' option. 4) Set up an authentication password for the default user. NOTE: You only need to do one of the above things in order for the server to start accepting connections from the outside.\r\n";
+
+/// Takes in the connections the accepting thread left for this one.
+pub fn take_inbox(worker: &Rc<Worker>) {
+    let arrived = std::mem::take(
+        &mut *worker.shared.inbox[worker.id]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    for stream in arrived {
+        accept(worker, stream);
+    }
+}
+
 /// Accepts a new connection on this thread (or refuses it past `maxclients`).
 pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
+    accept_with(worker, stream, BytesMut::new(), Vec::new());
+}
+
+/// Accepts a connection that a busy script's hook already read from (`input`) and
+/// answered (`output`, not yet sent).
+pub fn accept_with(
+    worker: &Rc<Worker>,
+    stream: std::net::TcpStream,
+    input: BytesMut,
+    output: Vec<u8>,
+) {
     let shared = &worker.shared;
+    if shared.tunables.protected_mode.load(Ordering::Relaxed)
+        && shared.acl.default_user().nopass
+        && !stream.peer_addr().is_ok_and(|a| a.ip().is_loopback())
+    {
+        worker.shard.borrow_mut().stats.rejected_connections += 1;
+        let mut s = stream;
+        let _ = std::io::Write::write_all(&mut s, PROTECTED_MODE_DENIED.as_bytes());
+        return;
+    }
     let max = shared.tunables.maxclients.load(Ordering::Relaxed);
     let n = shared.connected_clients.fetch_add(1, Ordering::AcqRel) + 1;
     if n > max {
@@ -68,7 +105,11 @@ pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let moving = Moving {
         stream,
-        rbuf: BytesMut::with_capacity(16 * 1024),
+        rbuf: {
+            let mut b = BytesMut::with_capacity(16 * 1024 + input.len());
+            b.extend_from_slice(&input);
+            b
+        },
         parser: RequestParser::default(),
         info: ClientInfo::new(id, addr, laddr, fd),
         db: 0,
@@ -78,6 +119,7 @@ pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
         user: shared.acl.default_user(),
         no_touch: false,
         reply_mode: ReplyMode::On,
+        preface: output,
     };
     tokio::task::spawn_local(serve(worker.clone(), moving));
 }
@@ -101,6 +143,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         acl_version,
         no_touch,
         reply_mode,
+        preface,
     } = m;
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
@@ -115,6 +158,10 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     let id = info.id;
     info.user = user.name.as_str().into();
     let handle = ClientHandle::new(info);
+    if !preface.is_empty() {
+        *handle.hook_out.borrow_mut() = preface;
+        handle.hook_touched.set(true);
+    }
     worker.clients.borrow_mut().add(handle.clone());
     let mut sess = Session {
         worker: worker.clone(),
@@ -134,6 +181,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         affinity: (worker.id, 0),
         push_rx: None,
         push_tx: None,
+        push_queued: Default::default(),
+        obuf_soft_since: Default::default(),
         monitoring: false,
         channels: Default::default(),
         patterns: Default::default(),
@@ -180,6 +229,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                         acl_version,
                         no_touch,
                         reply_mode,
+                        preface: Vec::new(),
                     };
                     worker
                         .shared
@@ -269,6 +319,9 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             .load(Ordering::Relaxed),
     };
     loop {
+        if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
+            return Exit::Closed;
+        }
         let mut cmds = Vec::new();
         let mut protocol_error = None;
         while cmds.len() < MAX_GROUP {
@@ -310,7 +363,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             flush(sess).await;
             return Exit::Closed;
         }
-        if sess.out.buf.len() >= FLUSH_AT && !flush(sess).await {
+        if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
             return Exit::Closed;
         }
         if full {
@@ -325,6 +378,10 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         if rbuf.capacity() - rbuf.len() < 4096 {
             rbuf.reserve(16 * 1024);
         }
+        // Nothing half-read and nothing owed: a busy script's hook may answer for us.
+        sess.handle
+            .idle_read
+            .set(rbuf.is_empty() && !parser.in_progress());
         tokio::select! {
             biased;
             _ = sess.handle.wake.notified() => {
@@ -334,17 +391,138 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             }
             line = next_push(&mut sess.push_rx) => {
                 if let Some(line) = line {
-                    if io::write_all(sess.stream.as_deref(), &line).await.is_err() {
+                    if !write_unless_killed(sess, &line).await {
                         return Exit::Closed;
                     }
+                    let q = sess.push_queued.get();
+                    sess.push_queued.set(q.saturating_sub(line.len()));
                 }
             }
             r = io::read_some(sess.stream.as_deref(), rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
-                Ok(n) => sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64,
+                Ok(n) => {
+                    sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64;
+                    let limit = sess.worker.shared.tunables.query_buffer_limit.load(Ordering::Relaxed);
+                    if rbuf.len() > limit {
+                        QBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "Closing client that reached max query buffer length: {} (qbuf initial bytes: {:?})",
+                            sess.handle.info.borrow().line(unix_ms()),
+                            String::from_utf8_lossy(&rbuf[..rbuf.len().min(64)])
+                        );
+                        return Exit::Closed;
+                    }
+                }
             }
         }
+        sess.handle.idle_read.set(false);
     }
+}
+
+/// Connections closed for passing `client-output-buffer-limit` (INFO's
+/// client_output_buffer_limit_disconnections).
+pub static OBUF_DISCONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Connections closed for passing `client-query-buffer-limit`.
+pub static QBUF_DISCONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Closes a connection whose unsent output passed its class's limit, as Redis does.
+pub fn close_for_output_limit(handle: &ClientHandle, class: &str) {
+    if handle.killed.get() {
+        return;
+    }
+    OBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        "Client {} scheduled to be closed ASAP for overcoming of output buffer limits ({class}).",
+        handle.info.borrow().line(unix_ms())
+    );
+    handle.kill();
+}
+
+/// Writes pushed output, giving up when the connection is killed meanwhile (a subscriber
+/// past its output limit that does not read).
+async fn write_unless_killed(sess: &Session, mut data: &[u8]) -> bool {
+    let Some(stream) = sess.stream.as_deref() else {
+        return true;
+    };
+    while !data.is_empty() {
+        match stream.try_write(data) {
+            Ok(0) => return false,
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::select! {
+                    biased;
+                    _ = sess.handle.wake.notified() => {
+                        // Any other wake-up leaves its mark elsewhere (`hook_touched`).
+                        if sess.handle.killed.get() {
+                            return false;
+                        }
+                    }
+                    r = stream.writable() => {
+                        if r.is_err() {
+                            return false;
+                        }
+                    }
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Writes replies out mid-pipeline. Under a `client-output-buffer-limit normal`, a
+/// client that does not read is not waited for: what the socket takes goes, the rest
+/// stays, more commands run, and the connection is closed once its unsent replies pass
+/// the limit (as in Redis). Without a limit, the connection waits for the socket, which
+/// holds its memory to one pipeline's worth.
+async fn drain_output(sess: &mut Session) -> bool {
+    let t = &sess.worker.shared.tunables.obuf_normal;
+    let limit = crate::pubsub::OutputLimit {
+        hard: t[0].load(Ordering::Relaxed),
+        soft: t[1].load(Ordering::Relaxed),
+        soft_secs: t[2].load(Ordering::Relaxed),
+    };
+    if (limit.hard == 0 && limit.soft == 0)
+        || sess.handle.info.borrow().kind != crate::server::clients::KIND_NORMAL
+    {
+        return flush(sess).await;
+    }
+    await_durable(sess).await;
+    let Some(stream) = sess.stream.clone() else {
+        sess.out.buf.clear();
+        return true;
+    };
+    let mut written = 0;
+    while written < sess.out.buf.len() {
+        match stream.try_write(&sess.out.buf[written..]) {
+            Ok(0) => return false,
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => return false,
+        }
+    }
+    let _ = sess.out.buf.split_to(written);
+    sess.worker.shard.borrow_mut().stats.net_output_bytes += written as u64;
+    if limit.exceeded(sess.out.buf.len() as u64, &sess.obuf_soft_since, unix_ms()) {
+        sess.out.buf.clear();
+        close_for_output_limit(&sess.handle, "normal");
+        return false;
+    }
+    true
+}
+
+/// Picks up what a busy script's hook left on this connection: replies it could not
+/// send go out first, then the unfinished request it read joins the input.
+async fn absorb_hook_io(sess: &mut Session, rbuf: &mut BytesMut) -> bool {
+    sess.handle.hook_touched.set(false);
+    let out = std::mem::take(&mut *sess.handle.hook_out.borrow_mut());
+    if !out.is_empty() && io::write_all(sess.stream.as_deref(), &out).await.is_err() {
+        return false;
+    }
+    let input = std::mem::take(&mut *sess.handle.hook_in.borrow_mut());
+    rbuf.extend_from_slice(&input);
+    true
 }
 
 async fn next_push(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>) -> Option<Bytes> {
@@ -383,6 +561,8 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
         // A restricted user's commands go through `execute`, which checks them.
         || !sess.user.unrestricted
         || sess.acl_version != sess.worker.shared.acl.version()
+        // A busy script's shard answers BUSY, which `execute` decides.
+        || sess.worker.shared.busy_count.load(Ordering::Relaxed) > 0
         || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
         || !cmd.arity_ok(args.len())
         || cmd.has(flags::BLOCKING)
@@ -472,8 +652,26 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                 no_touch: sess.no_touch,
                 atomic: None,
             };
-            let reply = run_batch_on(&worker, target, batch, spec).await.out;
-            sess.out.buf.extend_from_slice(&reply.buf);
+            let mut batch = batch;
+            loop {
+                let spec = BatchSpec {
+                    db: spec.db,
+                    resp3: spec.resp3,
+                    client_id: spec.client_id,
+                    no_touch: spec.no_touch,
+                    atomic: None,
+                };
+                let result = run_batch_on(&worker, target, batch, spec).await;
+                sess.out.buf.extend_from_slice(&result.out.buf);
+                if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
+                    sess.handle.kill();
+                    return;
+                }
+                if result.rest.is_empty() {
+                    break;
+                }
+                batch = result.rest;
+            }
             continue;
         }
         if let Some(c) = cmd {
@@ -501,6 +699,11 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         }
         if sess.reply_mode == ReplyMode::SkipNext {
             sess.reply_mode = ReplyMode::Skipping;
+        }
+        // A long pipeline of large replies does not pile up in memory.
+        if sess.out.buf.len() >= FLUSH_AT && sess.multi.is_none() && !drain_output(sess).await {
+            sess.handle.kill();
+            return;
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::commands;
-use crate::shard::{unix_ms, Msg, Shard, Shared, Worker};
+use crate::shard::{run_batch, unix_ms, Mail, Shard, Shared, Worker};
 
 /// Starts one worker thread per shard and serves `listeners` until the process exits.
 pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::io::Result<()> {
@@ -23,7 +23,7 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
     let mut senders = Vec::with_capacity(n);
     let mut receivers = Vec::with_capacity(n);
     for _ in 0..n {
-        let (tx, rx) = mpsc::unbounded_channel::<Msg>();
+        let (tx, rx) = mpsc::unbounded_channel::<Mail>();
         senders.push(tx);
         receivers.push(rx);
     }
@@ -58,15 +58,19 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
             Err(_) => tracing::warn!("Ignoring the replicaof line '{replicaof}': bad port"),
         }
     }
-    let mut listeners = Some(listeners);
     let mut handles = Vec::with_capacity(n);
     for (id, rx) in receivers.into_iter().enumerate() {
         let shared = shared.clone();
-        let mine = if id == 0 { listeners.take() } else { None };
         let handle = std::thread::Builder::new()
             .name(format!("kite-shard-{id}"))
-            .spawn(move || worker_main(id, shared, rx, mine))?;
+            .spawn(move || worker_main(id, shared, rx))?;
         handles.push(handle);
+    }
+    for l in listeners {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("kite-accept".into())
+            .spawn(move || accept_loop(shared, l))?;
     }
     for h in handles {
         let _ = h.join();
@@ -74,12 +78,7 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
     Ok(())
 }
 
-fn worker_main(
-    id: usize,
-    shared: Arc<Shared>,
-    mut mailbox: mpsc::UnboundedReceiver<Msg>,
-    listeners: Option<Vec<std::net::TcpListener>>,
-) {
+fn worker_main(id: usize, shared: Arc<Shared>, mailbox: mpsc::UnboundedReceiver<Mail>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -96,54 +95,63 @@ fn worker_main(
         )),
         shared,
         clients: RefCell::new(Default::default()),
+        mailbox: RefCell::new(Some(mailbox)),
+        deferred: RefCell::new(Default::default()),
     });
     local.block_on(&runtime, async move {
-        if let Some(listeners) = listeners {
-            for l in listeners {
-                tokio::task::spawn_local(accept_loop(worker.clone(), l));
-            }
-        }
         tokio::task::spawn_local(housekeeping(worker.clone()));
         if worker.id == 0 {
             tokio::task::spawn_local(on_signals(worker.clone()));
         }
-        while let Some(msg) = mailbox.recv().await {
-            msg(&worker);
+        loop {
+            let deferred = worker.deferred.borrow_mut().pop_front();
+            let mail = match deferred {
+                Some(m) => m,
+                None => {
+                    let next =
+                        std::future::poll_fn(|cx| match worker.mailbox.borrow_mut().as_mut() {
+                            Some(rx) => rx.poll_recv(cx),
+                            None => std::task::Poll::Ready(None),
+                        })
+                        .await;
+                    match next {
+                        Some(m) => m,
+                        None => break,
+                    }
+                }
+            };
+            match mail {
+                Mail::Run(f) => f(&worker),
+                Mail::Batch(b) => run_batch(&worker, b),
+            }
         }
     });
 }
 
-/// Accepts connections and hands them to the threads in turn.
-async fn accept_loop(worker: Rc<Worker>, listener: std::net::TcpListener) {
-    let _ = listener.set_nonblocking(true);
-    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-        tracing::error!("cannot register the listening socket");
-        return;
-    };
-    let n = worker.nshards();
+/// Accepts connections on a thread of its own and hands them to the shard threads in
+/// turn, through each one's inbox: a thread busy in a script still answers its new
+/// connections from its Lua hook (`scripting::busy`), while one whose mailbox is served
+/// takes them at once.
+fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
+    let n = shared.nshards();
     let mut next = 0usize;
     loop {
-        let stream = match listener.accept().await {
+        let stream = match listener.accept() {
             Ok((s, _)) => s,
             Err(e) => {
                 // Out of descriptors and similar: wait a little rather than spin.
                 tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
-        let Ok(stream) = stream.into_std() else {
-            continue;
-        };
         let target = next % n;
         next = next.wrapping_add(1);
-        if target == worker.id {
-            conn::accept(&worker, stream);
-        } else {
-            worker
-                .shared
-                .send(target, Box::new(move |w| conn::accept(w, stream)));
-        }
+        shared.inbox[target]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(stream);
+        shared.send(target, Box::new(conn::take_inbox));
     }
 }
 
@@ -228,7 +236,14 @@ fn close_idle_clients(worker: &Rc<Worker>) {
     let now = unix_ms();
     let clients = worker.clients.borrow();
     for h in clients.map.values() {
-        if now.saturating_sub(h.last_active.get()) > limit_ms && h.info.borrow().multi < 0 {
+        let info = h.info.borrow();
+        // As in Redis: subscribers, blocked clients and replication links stay.
+        let exempt = info.multi >= 0
+            || info.sub + info.psub > 0
+            || h.blocked.get()
+            || info.kind != clients::KIND_NORMAL;
+        drop(info);
+        if !exempt && now.saturating_sub(h.last_active.get()) > limit_ms {
             h.kill();
         }
     }

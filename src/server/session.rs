@@ -44,6 +44,11 @@ pub struct Session {
     /// Pub/Sub messages, already encoded.
     pub push_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
     pub push_tx: Option<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+    /// Bytes of Pub/Sub messages queued on `push_rx` and not yet written (the pubsub
+    /// class of `client-output-buffer-limit` counts them).
+    pub push_queued: Rc<std::cell::Cell<usize>>,
+    /// When the reply buffer went past the normal class's soft limit (unix ms).
+    pub obuf_soft_since: std::cell::Cell<Option<u64>>,
     pub monitoring: bool,
     /// Pub/Sub channels and patterns this connection is subscribed to, in subscription
     /// order (UNSUBSCRIBE without arguments answers in that order).
@@ -97,6 +102,8 @@ impl Session {
             affinity: (worker.id, 0),
             push_rx: None,
             push_tx: None,
+            push_queued: Default::default(),
+            obuf_soft_since: Default::default(),
             monitoring: false,
             channels: Vec::new(),
             patterns: Vec::new(),

@@ -34,10 +34,19 @@ use watch::WatchTable;
 /// Work sent to another thread: runs there with that thread's worker.
 pub type Msg = Box<dyn FnOnce(&Rc<Worker>) + Send>;
 
+/// What a thread's mailbox carries: work to run there, or a batch of pipelined keyed
+/// commands. Batches are told apart so that a thread busy in a script can answer them
+/// with BUSY from its Lua hook instead of leaving their client waiting
+/// (`scripting::busy`); other work waits for the script's end.
+pub enum Mail {
+    Run(Msg),
+    Batch(Batch),
+}
+
 /// State shared by all threads. Nothing here is keyspace data.
 pub struct Shared {
     pub placement: Placement,
-    pub mailboxes: OnceLock<Vec<mpsc::UnboundedSender<Msg>>>,
+    pub mailboxes: OnceLock<Vec<mpsc::UnboundedSender<Mail>>>,
     /// The full configuration, read and written only by CONFIG and INFO.
     pub config: Mutex<Config>,
     /// Settings read on hot paths, mirrored from `config` as atomics.
@@ -63,6 +72,10 @@ pub struct Shared {
     pub busy: Vec<std::sync::atomic::AtomicU8>,
     /// Whether the script running on each thread has written (SCRIPT KILL refuses then).
     pub busy_wrote: Vec<AtomicBool>,
+    /// What the script running on each thread is (`scripting::run::KIND_*`): an FCALL
+    /// function (the BUSY text and which KILL stops it depend on it), and whether it
+    /// holds other shards (then every keyed command waits on it, so gets BUSY).
+    pub busy_kind: Vec<std::sync::atomic::AtomicU8>,
     /// How many threads run a script past the busy threshold: 0 on the hot path.
     pub busy_count: AtomicUsize,
     /// Synchronous calls from scripts waiting for each thread (see scripting::run). The
@@ -74,6 +87,10 @@ pub struct Shared {
     pub repl: crate::repl::ReplState,
     /// ACL users (`acl::Acl`).
     pub acl: crate::acl::Acl,
+    /// New connections for each thread, from the accepting thread. A lock rather than a
+    /// message because a thread busy in a script takes them from its Lua hook
+    /// (`scripting::busy`), where it cannot run its mailbox; taken once per connection.
+    pub inbox: Vec<Mutex<Vec<std::net::TcpStream>>>,
 }
 
 impl Shared {
@@ -84,7 +101,7 @@ impl Shared {
     pub fn send(&self, target: usize, msg: Msg) {
         let boxes = self.mailboxes.get().expect("mailboxes set at start-up");
         // A closed mailbox only happens during shutdown; the work is moot then.
-        let _ = boxes[target].send(msg);
+        let _ = boxes[target].send(Mail::Run(msg));
     }
 
     /// A standalone `Shared` for unit tests.
@@ -111,11 +128,13 @@ impl Shared {
             subscriptions: (0..nshards).map(|_| AtomicUsize::new(0)).collect(),
             busy: (0..nshards).map(|_| Default::default()).collect(),
             busy_wrote: (0..nshards).map(|_| AtomicBool::new(false)).collect(),
+            busy_kind: (0..nshards).map(|_| Default::default()).collect(),
             busy_count: AtomicUsize::new(0),
             sync_calls: crate::scripting::run::sync_queues(nshards),
             persist: crate::persist::State::new(),
             repl: crate::repl::ReplState::default(),
             acl: crate::acl::Acl::new(),
+            inbox: (0..nshards).map(|_| Mutex::new(Vec::new())).collect(),
         })
     }
 
@@ -138,6 +157,12 @@ pub struct Worker {
     pub shared: Arc<Shared>,
     pub shard: RefCell<Shard>,
     pub clients: RefCell<Clients>,
+    /// This thread's mailbox; borrowed only while polled, so a busy script's hook can
+    /// look into it.
+    pub mailbox: RefCell<Option<mpsc::UnboundedReceiver<Mail>>>,
+    /// Mail a busy script's hook took out of the mailbox and left for after the script,
+    /// in arrival order: it runs before anything newer.
+    pub deferred: RefCell<VecDeque<Mail>>,
 }
 
 impl Worker {
@@ -810,7 +835,14 @@ pub struct BatchResult {
     pub events: Vec<KeyEvent>,
     /// A watched key changed: nothing ran.
     pub aborted: bool,
+    /// Commands of a pipelined batch left for a later batch once its replies grew past
+    /// `BATCH_REPLY_LIMIT`, so a pipeline of large replies is written out in parts.
+    pub rest: VecDeque<(&'static Command, Vec<Bytes>)>,
 }
+
+/// Reply bytes after which a pipelined (non-atomic) batch hands back its remaining
+/// commands.
+pub const BATCH_REPLY_LIMIT: usize = 1 << 20;
 
 impl WatchCheck {
     /// True when EXEC must abort: a watched key was changed, or has expired since WATCH.
@@ -938,6 +970,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
                 out: batch.out,
                 events: Vec::new(),
                 aborted: true,
+                rest: VecDeque::new(),
             });
             return;
         }
@@ -951,6 +984,10 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         None
     };
     while let Some((cmd, args)) = batch.cmds.pop_front() {
+        if !atomic && batch.out.buf.len() >= BATCH_REPLY_LIMIT {
+            batch.cmds.push_front((cmd, args));
+            break;
+        }
         if !atomic && (shard.blocking.has_ready() || !shard.events.is_empty()) {
             // Events go out and blocked clients are served after each command, before
             // the next one runs.
@@ -998,6 +1035,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         out: batch.out,
         events: batch.events,
         aborted: false,
+        rest: batch.cmds,
     });
 }
 
@@ -1033,9 +1071,12 @@ pub async fn run_batch_on(
         run_batch(worker, batch);
     } else {
         worker.shard.borrow_mut().stats.hops += 1;
-        worker
+        let boxes = worker
             .shared
-            .send(target, Box::new(move |w| run_batch(w, batch)));
+            .mailboxes
+            .get()
+            .expect("mailboxes set at start-up");
+        let _ = boxes[target].send(Mail::Batch(batch));
     }
     let result = rx.await.expect("shard thread stopped");
     for (db, event, key) in &result.events {

@@ -305,6 +305,9 @@ impl KiteServer {
                     dir_arg.clone(),
                     "--save".into(),
                     "".into(),
+                    // The suites use DEBUG from loopback (RELOAD, SLEEP...).
+                    "--enable-debug-command".into(),
+                    "local".into(),
                 ];
                 args.extend(extra.iter().cloned());
                 args

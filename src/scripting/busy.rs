@@ -1,0 +1,282 @@
+//! Serving a thread's clients while its script runs past `busy-reply-threshold`.
+//!
+//! The thread is inside Lua, so its event loop is stopped. Redis answers from inside the
+//! Lua hook; so does Kite, on its own terms: the hook (every few milliseconds) reads the
+//! sockets of this thread's connections that were idle waiting for a request, and of new
+//! connections handed to this thread, parses what arrived and answers at once: SCRIPT
+//! KILL, FUNCTION KILL and SHUTDOWN NOSAVE act, everything else gets -BUSY. Nothing here
+//! touches shard data or runs a command. Bytes of an unfinished request, and output the
+//! socket could not take, wait on the connection for its own task to pick up once the
+//! script ends (`conn::absorb_hook_io`).
+
+use std::cell::{Cell, RefCell};
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use crate::protocol::parse::{ParseLimits, RequestParser};
+use crate::shard::{BatchResult, Mail, Worker};
+
+/// How often the hook looks at the sockets while the script is busy.
+const SERVE_EVERY: Duration = Duration::from_millis(5);
+/// Input kept per connection while busy: a client streaming more gets closed.
+const MAX_HELD_INPUT: usize = 1 << 20;
+
+/// A connection accepted while this thread was busy, registered once the script ends.
+struct Held {
+    stream: std::net::TcpStream,
+    input: BytesMut,
+    output: Vec<u8>,
+    closed: bool,
+}
+
+thread_local! {
+    static LAST_SERVED: Cell<Option<Instant>> = const { Cell::new(None) };
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Called by the Lua hook while this thread's script is past the threshold.
+pub fn serve(worker: &Rc<Worker>) {
+    let now = Instant::now();
+    if LAST_SERVED.with(|l| l.get().is_some_and(|t| now.duration_since(t) < SERVE_EVERY)) {
+        return;
+    }
+    LAST_SERVED.with(|l| l.set(Some(now)));
+    let shared = &worker.shared;
+    let arrived = std::mem::take(
+        &mut *shared.inbox[worker.id]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        for stream in arrived {
+            let _ = stream.set_nonblocking(true);
+            held.push(Held {
+                stream,
+                input: BytesMut::new(),
+                output: Vec::new(),
+                closed: false,
+            });
+        }
+        for h in held.iter_mut().filter(|h| !h.closed) {
+            let fd = h.stream.as_raw_fd();
+            if !read_available(fd, &mut h.input) {
+                h.closed = true;
+                continue;
+            }
+            let mut out = std::mem::take(&mut h.output);
+            answer(worker, &mut h.input, &mut out);
+            h.output = send_some(fd, out);
+        }
+    });
+    answer_mailbox(worker);
+    let Ok(clients) = worker.clients.try_borrow() else {
+        return;
+    };
+    for handle in clients.map.values() {
+        if !handle.idle_read.get() || handle.killed.get() {
+            continue;
+        }
+        let fd = handle.info.borrow().fd;
+        let mut input = handle.hook_in.borrow_mut();
+        let before = input.len();
+        if !read_available(fd, &mut input) {
+            drop(input);
+            handle.kill();
+            continue;
+        }
+        if input.len() == before {
+            continue;
+        }
+        let mut out = std::mem::take(&mut *handle.hook_out.borrow_mut());
+        let pending_before = !out.is_empty();
+        let mut replies = Vec::new();
+        answer(worker, &mut input, &mut replies);
+        drop(input);
+        // Output already waiting goes first, so nothing is sent out of order.
+        if pending_before {
+            out.extend_from_slice(&replies);
+        } else {
+            out = send_some(fd, replies);
+        }
+        *handle.hook_out.borrow_mut() = out;
+        handle.hook_touched.set(true);
+        handle.wake.notify_one();
+    }
+}
+
+/// Pipelined commands sent here by other threads' connections get BUSY at once, as they
+/// would had they arrived a moment later; everything else in the mailbox (transaction
+/// steps, broadcasts, EXEC on this shard) waits for the script, in order.
+fn answer_mailbox(worker: &Rc<Worker>) {
+    let Ok(mut mailbox) = worker.mailbox.try_borrow_mut() else {
+        return;
+    };
+    let Some(rx) = mailbox.as_mut() else {
+        return;
+    };
+    let text = crate::commands::scripting::busy_text(&worker.shared);
+    while let Ok(mail) = rx.try_recv() {
+        match mail {
+            Mail::Batch(mut b) if b.atomic.is_none() => {
+                for _ in 0..b.cmds.len() {
+                    b.out.error(text);
+                }
+                let _ = b.done.send(BatchResult {
+                    out: b.out,
+                    events: Vec::new(),
+                    aborted: false,
+                    rest: Default::default(),
+                });
+            }
+            other => worker.deferred.borrow_mut().push_back(other),
+        }
+    }
+}
+
+/// Once the script has ended: the connections met while busy become ordinary ones.
+pub fn release(worker: &Rc<Worker>) {
+    if !worker.deferred.borrow().is_empty() {
+        // The thread's loop may be parked on an empty mailbox: this wakes it to run
+        // what the hook set aside.
+        worker.shared.send(worker.id, Box::new(|_| {}));
+    }
+    let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    LAST_SERVED.with(|l| l.set(None));
+    for h in held {
+        if h.closed {
+            continue;
+        }
+        crate::server::conn::accept_with(worker, h.stream, h.input, h.output);
+    }
+}
+
+/// Reads whatever the socket holds without waiting. False when the peer closed it (or
+/// sent more than this module keeps).
+fn read_available(fd: i32, buf: &mut BytesMut) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if buf.len() > MAX_HELD_INPUT {
+            return false;
+        }
+        // SAFETY: recv writes at most chunk.len() bytes into the stack buffer.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                chunk.as_mut_ptr().cast(),
+                chunk.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => return false,
+            n if n > 0 => buf.extend_from_slice(&chunk[..n as usize]),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                return matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                );
+            }
+        }
+    }
+}
+
+/// Sends what the socket takes now; returns the rest.
+fn send_some(fd: i32, out: Vec<u8>) -> Vec<u8> {
+    let mut sent = 0;
+    while sent < out.len() {
+        // SAFETY: send reads within the vector's initialised bytes.
+        let n = unsafe {
+            libc::send(
+                fd,
+                out[sent..].as_ptr().cast(),
+                out.len() - sent,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        sent += n as usize;
+    }
+    out[sent..].to_vec()
+}
+
+/// Answers every whole request in `input`, leaving an unfinished one there.
+fn answer(worker: &Rc<Worker>, input: &mut BytesMut, out: &mut Vec<u8>) {
+    let mut parser = RequestParser::default();
+    let limits = ParseLimits::default();
+    let mut work = input.clone();
+    let total = work.len();
+    let mut consumed = 0;
+    loop {
+        match parser.next_command(&mut work, &limits) {
+            Ok(Some(args)) => {
+                consumed = total - work.len();
+                out.extend_from_slice(&reply_to(worker, &args));
+            }
+            Ok(None) => break,
+            Err(e) => {
+                // A broken request: answer as the connection will, and drop the bytes.
+                out.extend_from_slice(format!("-{}\r\n", e.0).as_bytes());
+                consumed = total;
+                break;
+            }
+        }
+    }
+    let _ = input.split_to(consumed);
+}
+
+fn reply_to(worker: &Rc<Worker>, args: &[bytes::Bytes]) -> Vec<u8> {
+    let is = |i: usize, word: &str| {
+        args.get(i)
+            .is_some_and(|a| a.eq_ignore_ascii_case(word.as_bytes()))
+    };
+    if args.len() == 2 && (is(0, "script") || is(0, "function")) && is(1, "kill") {
+        return match crate::commands::scripting::kill_busy(&worker.shared, is(0, "script")) {
+            Ok(()) => b"+OK\r\n".to_vec(),
+            Err(e) => format!("-{e}\r\n").into_bytes(),
+        };
+    }
+    if args.len() == 2 && is(0, "shutdown") && is(1, "nosave") {
+        shutdown_now(worker);
+    }
+    format!(
+        "-{}\r\n",
+        crate::commands::scripting::busy_text(&worker.shared)
+    )
+    .into_bytes()
+}
+
+/// SHUTDOWN NOSAVE from inside the hook: the AOF's written part reaches the disk (the
+/// busy script's own effects are still held back, as Redis never logged them either),
+/// then the process exits.
+fn shutdown_now(worker: &Rc<Worker>) -> ! {
+    tracing::warn!("User requested shutdown while a script was busy...");
+    let shared = &worker.shared;
+    shared
+        .shutting_down
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    if shared.persist.aof.file_on() {
+        let (done, mut wait) = tokio::sync::oneshot::channel();
+        shared
+            .persist
+            .aof
+            .send(crate::persist::aof::writer::ToWriter::Sync { done });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match wait.try_recv() {
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                _ => break,
+            }
+        }
+    }
+    tracing::warn!("Kite is now ready to exit, bye bye...");
+    std::process::exit(0);
+}
