@@ -6,6 +6,7 @@ mod clock;
 mod commands;
 mod config;
 mod memory;
+mod net;
 mod persist;
 mod protocol;
 mod pubsub;
@@ -243,27 +244,42 @@ fn main() {
         threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     }
     let port = config.get_i64("port") as u16;
+    let tls_port = config.get_i64("tls-port") as u16;
+    if port == 0 && tls_port == 0 {
+        eprintln!("Configured to not listen anywhere, exiting.");
+        std::process::exit(1);
+    }
+    if let Err(e) = net::tls::reload(&config) {
+        eprintln!("Failed to configure TLS: {e}");
+        std::process::exit(1);
+    }
+    // Port 0 turns a listener off, as in Redis.
     let mut listeners = Vec::new();
-    for addr in config.get("bind").split_whitespace() {
-        let addr = addr.trim_start_matches('-');
-        let target = if addr.contains(':') {
-            format!("[{addr}]:{port}")
-        } else {
-            format!("{addr}:{port}")
-        };
-        let resolved = match target.to_socket_addrs() {
-            Ok(mut a) => a.next(),
-            Err(_) => None,
-        };
-        let Some(sockaddr) = resolved else {
-            eprintln!("Invalid bind address '{addr}'");
-            std::process::exit(1);
-        };
-        match TcpListener::bind(sockaddr) {
-            Ok(l) => listeners.push(l),
-            Err(e) => {
-                eprintln!("Could not create server TCP listening socket {target}: {e}");
+    for (listen_port, tls) in [(port, false), (tls_port, true)] {
+        if listen_port == 0 {
+            continue;
+        }
+        for addr in config.get("bind").split_whitespace() {
+            let addr = addr.trim_start_matches('-');
+            let target = if addr.contains(':') {
+                format!("[{addr}]:{listen_port}")
+            } else {
+                format!("{addr}:{listen_port}")
+            };
+            let resolved = match target.to_socket_addrs() {
+                Ok(mut a) => a.next(),
+                Err(_) => None,
+            };
+            let Some(sockaddr) = resolved else {
+                eprintln!("Invalid bind address '{addr}'");
                 std::process::exit(1);
+            };
+            match TcpListener::bind(sockaddr) {
+                Ok(l) => listeners.push((l, tls)),
+                Err(e) => {
+                    eprintln!("Could not create server TCP listening socket {target}: {e}");
+                    std::process::exit(1);
+                }
             }
         }
     }

@@ -466,7 +466,26 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                 .as_ref()
                 .is_none_or(|s| s.peer_addr().is_ok_and(|a| a.ip().is_loopback()));
             let mut config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
-            match config.set_many(&pairs, local) {
+            // TLS settings take effect together, or not at all (new connections only).
+            let tls_before: Vec<(String, String)> = pairs
+                .iter()
+                .filter(|(k, _)| crate::net::tls::is_tls_setting(&k.to_ascii_lowercase()))
+                .filter_map(|(k, _)| {
+                    crate::config::find_param(k)
+                        .map(|_| (k.clone(), config.get(&k.to_ascii_lowercase()).to_string()))
+                })
+                .collect();
+            let mut result = config.set_many(&pairs, local);
+            if result.is_ok() && !tls_before.is_empty() {
+                if let Err(e) = crate::net::tls::reload(&config) {
+                    tracing::warn!("Failed applying new configuration. Possibly related to new tls-* setting: {e}");
+                    for (k, v) in &tls_before {
+                        let _ = config.set_initial(k, v);
+                    }
+                    result = Err(format!("ERR CONFIG SET failed (possibly related to argument '{}') - Unable to update TLS configuration. Check server logs.", tls_before[0].0));
+                }
+            }
+            match result {
                 Ok(()) => {
                     shared.tunables.refresh(&config);
                     if pairs

@@ -326,7 +326,7 @@ impl Drop for Claim {
 /// `repl-timeout` (60 s by default) is given up, so a stuck one cannot hold the snapshot
 /// (and the one-snapshot-at-a-time claim) for ever.
 async fn write_timed(
-    stream: Option<&tokio::net::TcpStream>,
+    stream: Option<&crate::net::Stream>,
     data: &[u8],
     limit: Duration,
 ) -> Result<(), String> {
@@ -338,7 +338,7 @@ async fn write_timed(
 
 /// Sends the snapshot file (`len` bytes) framed as `$<len>`.
 async fn send_file(
-    stream: Option<&tokio::net::TcpStream>,
+    stream: Option<&crate::net::Stream>,
     path: &std::path::Path,
     len: u64,
     limit: Duration,

@@ -27,6 +27,8 @@ const MAX_HELD_INPUT: usize = 1 << 20;
 /// A connection accepted while this thread was busy, registered once the script ends.
 struct Held {
     stream: std::net::TcpStream,
+    /// Came on the TLS port: its bytes are encrypted, so the hook leaves it alone.
+    tls: bool,
     input: BytesMut,
     output: Vec<u8>,
     closed: bool,
@@ -52,16 +54,17 @@ pub fn serve(worker: &Rc<Worker>) {
     );
     HELD.with(|held| {
         let mut held = held.borrow_mut();
-        for stream in arrived {
+        for (stream, tls) in arrived {
             let _ = stream.set_nonblocking(true);
             held.push(Held {
                 stream,
+                tls,
                 input: BytesMut::new(),
                 output: Vec::new(),
                 closed: false,
             });
         }
-        for h in held.iter_mut().filter(|h| !h.closed) {
+        for h in held.iter_mut().filter(|h| !h.closed && !h.tls) {
             let fd = h.stream.as_raw_fd();
             if !read_available(fd, &mut h.input) {
                 h.closed = true;
@@ -150,7 +153,7 @@ pub fn release(worker: &Rc<Worker>) {
         if h.closed {
             continue;
         }
-        crate::server::conn::accept_with(worker, h.stream, h.input, h.output);
+        crate::server::conn::accept_with(worker, h.stream, h.tls, h.input, h.output);
     }
 }
 

@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::net::TcpStream;
 
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
+use crate::net::Stream;
 use crate::protocol::parse::{ParseLimits, RequestParser};
 use crate::protocol::reply::Reply;
 use crate::server::clients::{ClientHandle, ClientInfo};
@@ -38,6 +39,8 @@ pub struct Moving {
     reply_mode: ReplyMode,
     /// Replies already owed before anything else is sent (`scripting::busy`).
     preface: Vec<u8>,
+    /// The TLS session of a connection accepted on `tls-port`, not yet started.
+    tls: Option<rustls::ServerConnection>,
 }
 
 enum Exit {
@@ -55,14 +58,9 @@ pub fn take_inbox(worker: &Rc<Worker>) {
             .lock()
             .unwrap_or_else(|p| p.into_inner()),
     );
-    for stream in arrived {
-        accept(worker, stream);
+    for (stream, tls) in arrived {
+        accept_with(worker, stream, tls, BytesMut::new(), Vec::new());
     }
-}
-
-/// Accepts a new connection on this thread (or refuses it past `maxclients`).
-pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
-    accept_with(worker, stream, BytesMut::new(), Vec::new());
 }
 
 /// Accepts a connection that a busy script's hook already read from (`input`) and
@@ -70,10 +68,26 @@ pub fn accept(worker: &Rc<Worker>, stream: std::net::TcpStream) {
 pub fn accept_with(
     worker: &Rc<Worker>,
     stream: std::net::TcpStream,
+    tls: bool,
     input: BytesMut,
     output: Vec<u8>,
 ) {
     let shared = &worker.shared;
+    // A TLS connection starts its session with the settings in force now.
+    let tls = if tls {
+        let Some(config) = crate::net::tls::current() else {
+            return;
+        };
+        match rustls::ServerConnection::new(config) {
+            Ok(session) => Some(session),
+            Err(e) => {
+                tracing::warn!("TLS session setup failed: {e}");
+                return;
+            }
+        }
+    } else {
+        None
+    };
     if shared.tunables.protected_mode.load(Ordering::Relaxed)
         && shared.acl.default_user().nopass
         && !stream.peer_addr().is_ok_and(|a| a.ip().is_loopback())
@@ -120,6 +134,7 @@ pub fn accept_with(
         no_touch: false,
         reply_mode: ReplyMode::On,
         preface: output,
+        tls,
     };
     tokio::task::spawn_local(serve(worker.clone(), moving));
 }
@@ -144,6 +159,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         no_touch,
         reply_mode,
         preface,
+        tls,
     } = m;
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
@@ -153,6 +169,10 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
             .connected_clients
             .fetch_sub(1, Ordering::AcqRel);
         return;
+    };
+    let stream = match tls {
+        Some(session) => Stream::tls(stream, session),
+        None => Stream::plain(stream),
     };
     info.db = db;
     let id = info.id;
@@ -214,7 +234,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
             drop(sess);
             let std_stream = stream
                 .and_then(|s| Rc::try_unwrap(s).ok())
-                .and_then(|s| s.into_std().ok());
+                .and_then(Stream::into_std);
             match std_stream {
                 Some(std_stream) => {
                     let moving = Moving {
@@ -230,6 +250,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                         no_touch,
                         reply_mode,
                         preface: Vec::new(),
+                        tls: None,
                     };
                     worker
                         .shared
@@ -379,9 +400,11 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             rbuf.reserve(16 * 1024);
         }
         // Nothing half-read and nothing owed: a busy script's hook may answer for us.
-        sess.handle
-            .idle_read
-            .set(rbuf.is_empty() && !parser.in_progress());
+        sess.handle.idle_read.set(
+            rbuf.is_empty()
+                && !parser.in_progress()
+                && !sess.stream.as_ref().is_some_and(|s| s.is_tls()),
+        );
         tokio::select! {
             biased;
             _ = sess.handle.wake.notified() => {
@@ -534,6 +557,10 @@ async fn next_push(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>)
 
 fn migration_target(sess: &Session) -> Option<usize> {
     let (shard, count) = sess.affinity;
+    // A TLS session stays on the thread that holds it.
+    if sess.stream.as_ref().is_some_and(|s| s.is_tls()) {
+        return None;
+    }
     if shard == sess.worker.id
         || count < MIGRATE_AFTER
         || sess.multi.is_some()

@@ -18,7 +18,10 @@ use crate::commands;
 use crate::shard::{run_batch, unix_ms, Mail, Shard, Shared, Worker};
 
 /// Starts one worker thread per shard and serves `listeners` until the process exits.
-pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::io::Result<()> {
+pub fn run(
+    shared: Arc<Shared>,
+    listeners: Vec<(std::net::TcpListener, bool)>,
+) -> std::io::Result<()> {
     let n = shared.nshards();
     let mut senders = Vec::with_capacity(n);
     let mut receivers = Vec::with_capacity(n);
@@ -66,11 +69,11 @@ pub fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) -> std::i
             .spawn(move || worker_main(id, shared, rx))?;
         handles.push(handle);
     }
-    for l in listeners {
+    for (l, tls) in listeners {
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("kite-accept".into())
-            .spawn(move || accept_loop(shared, l))?;
+            .spawn(move || accept_loop(shared, l, tls))?;
     }
     for h in handles {
         let _ = h.join();
@@ -132,7 +135,7 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: mpsc::UnboundedReceiver<
 /// turn, through each one's inbox: a thread busy in a script still answers its new
 /// connections from its Lua hook (`scripting::busy`), while one whose mailbox is served
 /// takes them at once.
-fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
+fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener, tls: bool) {
     let n = shared.nshards();
     let mut next = 0usize;
     loop {
@@ -150,7 +153,7 @@ fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
         shared.inbox[target]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(stream);
+            .push((stream, tls));
         shared.send(target, Box::new(conn::take_inbox));
     }
 }

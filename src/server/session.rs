@@ -56,7 +56,7 @@ pub struct Session {
     pub patterns: Vec<Bytes>,
     /// The socket, shared so a blocked command can notice the client leaving.
     /// None for the AOF replay at start-up, which has no client.
-    pub stream: Option<Rc<tokio::net::TcpStream>>,
+    pub stream: Option<Rc<crate::net::Stream>>,
     /// Input read while a command was blocked, parsed once it returns.
     pub stash: bytes::BytesMut,
     /// Output bytes written to the socket while a command ran (a blocking command sends

@@ -90,7 +90,7 @@ pub struct Shared {
     /// New connections for each thread, from the accepting thread. A lock rather than a
     /// message because a thread busy in a script takes them from its Lua hook
     /// (`scripting::busy`), where it cannot run its mailbox; taken once per connection.
-    pub inbox: Vec<Mutex<Vec<std::net::TcpStream>>>,
+    pub inbox: Vec<Mutex<Vec<(std::net::TcpStream, bool)>>>,
 }
 
 impl Shared {

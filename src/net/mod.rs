@@ -1,0 +1,263 @@
+//! Sockets as connections see them: plain TCP, or TLS over TCP (rustls), behind one
+//! `Stream` type; and the TLS settings (`tls`). Owns reading, writing and encryption;
+//! never parses a request or touches shard data.
+
+pub mod tls;
+
+use std::cell::RefCell;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+
+use bytes::BytesMut;
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// A client connection's socket.
+pub struct Stream {
+    tcp: TcpStream,
+    /// The TLS session, for connections accepted on `tls-port`.
+    tls: Option<RefCell<rustls::ServerConnection>>,
+}
+
+impl Stream {
+    pub fn plain(tcp: TcpStream) -> Stream {
+        Stream { tcp, tls: None }
+    }
+
+    pub fn tls(tcp: TcpStream, session: rustls::ServerConnection) -> Stream {
+        Stream {
+            tcp,
+            tls: Some(RefCell::new(session)),
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.tcp.peer_addr()
+    }
+
+    /// The plain socket, for moving the connection to another thread. A TLS connection
+    /// stays where it is (its session is not handed over).
+    pub fn into_std(self) -> Option<std::net::TcpStream> {
+        if self.tls.is_some() {
+            return None;
+        }
+        self.tcp.into_std().ok()
+    }
+
+    /// Reads what is available (at least one byte, or 0 at end of stream).
+    pub async fn read_some(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(16 * 1024);
+        }
+        match &self.tls {
+            None => read_plain(&self.tcp, buf).await,
+            Some(tls) => self.read_tls(tls, buf).await,
+        }
+    }
+
+    async fn read_tls(
+        &self,
+        tls: &RefCell<rustls::ServerConnection>,
+        buf: &mut BytesMut,
+    ) -> io::Result<usize> {
+        loop {
+            {
+                let mut session = tls.borrow_mut();
+                let mut chunk = [0u8; 16 * 1024];
+                match session.reader().read(&mut chunk) {
+                    Ok(n) => {
+                        buf.extend_from_slice(&chunk[..n]);
+                        return Ok(n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // The handshake, or a key update, may owe the peer bytes first.
+            self.flush_tls(tls).await?;
+            self.tcp.readable().await?;
+            let got = self.tcp.try_io(Interest::READABLE, || {
+                let mut session = tls.borrow_mut();
+                session.read_tls(&mut FdIo(self.tcp.as_raw_fd()))
+            });
+            match got {
+                Ok(0) => return Ok(0),
+                Ok(_) => {
+                    let state = tls.borrow_mut().process_new_packets();
+                    if let Err(e) = state {
+                        // Tell the peer why (a plain-text client gets an alert it will
+                        // not understand), then give up on the connection.
+                        let _ = self.flush_tls(tls).await;
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends the encrypted bytes the TLS session holds, waiting for the socket.
+    async fn flush_tls(&self, tls: &RefCell<rustls::ServerConnection>) -> io::Result<()> {
+        while tls.borrow().wants_write() {
+            match self.tcp.try_io(Interest::WRITABLE, || {
+                tls.borrow_mut().write_tls(&mut FdIo(self.tcp.as_raw_fd()))
+            }) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what the TLS session holds without waiting; true when nothing is left.
+    fn try_flush_tls(&self, tls: &RefCell<rustls::ServerConnection>) -> io::Result<bool> {
+        while tls.borrow().wants_write() {
+            match self.tcp.try_io(Interest::WRITABLE, || {
+                tls.borrow_mut().write_tls(&mut FdIo(self.tcp.as_raw_fd()))
+            }) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Writes as much as the connection takes now. Over TLS, bytes the session
+    /// accepted count as written; it sends them as the socket allows.
+    pub fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        match &self.tls {
+            None => self.tcp.try_write(data),
+            Some(tls) => {
+                // Encrypted bytes still waiting go first: the session's buffer is bounded.
+                if !self.try_flush_tls(tls)? {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let n = tls.borrow_mut().writer().write(data)?;
+                self.try_flush_tls(tls)?;
+                if n == 0 && !data.is_empty() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Waits until `try_write` may make progress.
+    pub async fn writable(&self) -> io::Result<()> {
+        match &self.tls {
+            None => self.tcp.writable().await,
+            Some(tls) => {
+                if tls.borrow().wants_write() {
+                    self.tcp.writable().await?;
+                    // Push what is pending so the next try_write finds room.
+                    let _ = self.try_flush_tls(tls)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes all of `data`.
+    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            match self.try_write(data) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wait_writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(tls) = &self.tls {
+            self.flush_tls(tls).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_writable(&self) -> io::Result<()> {
+        match &self.tls {
+            None => self.tcp.writable().await,
+            Some(tls) => self.flush_tls(tls).await,
+        }
+    }
+}
+
+/// A socket as `std::io::Read`/`Write` for rustls, by its descriptor, without waiting.
+struct FdIo(i32);
+
+impl Read for FdIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: recv writes at most buf.len() bytes into buf.
+        let n = unsafe { libc::recv(self.0, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+impl Write for FdIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: send reads at most buf.len() bytes from buf.
+        let n = unsafe { libc::send(self.0, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads from a plain socket.
+///
+/// A read that leaves room in the buffer has taken everything the socket held, so the
+/// socket is marked not ready at once: without that, the next wait would return
+/// immediately and cost one more `recv` that finds nothing, one extra system call per
+/// request on an unpipelined connection.
+async fn read_plain(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    loop {
+        stream.readable().await?;
+        let mut got = 0usize;
+        let fd = stream.as_raw_fd();
+        let result = stream.try_io(Interest::READABLE, || {
+            let spare = buf.spare_capacity_mut();
+            let room = spare.len();
+            // SAFETY: recv writes at most `room` bytes into the buffer's spare capacity,
+            // which stays valid for the call; the bytes are only exposed after it
+            // reports how many it wrote.
+            let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), room, 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let n = n as usize;
+            // SAFETY: recv initialised the first `n` bytes of the spare capacity.
+            unsafe { buf.set_len(buf.len() + n) };
+            got = n;
+            if n > 0 && n < room {
+                // Drained: tell the reactor, and hand the bytes back below.
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match result {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if got > 0 {
+                    return Ok(got);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
