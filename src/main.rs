@@ -1,20 +1,6 @@
 //! Kite: a multi-threaded Redis-protocol server for background-job workloads.
 
-mod acl;
-mod blocking;
-mod clock;
-mod commands;
-mod config;
-mod memory;
-mod net;
-mod persist;
-mod protocol;
-mod pubsub;
-mod repl;
-mod scripting;
-mod server;
-mod shard;
-mod types;
+use kite::{acl, clock, config, memory, net, persist, repl, scripting, server, shard};
 
 use std::net::{TcpListener, ToSocketAddrs};
 use std::path::PathBuf;

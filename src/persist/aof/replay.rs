@@ -201,14 +201,17 @@ fn starts_with_rdb(path: &Path) -> Result<bool, String> {
     Ok(n == 5 && &magic == b"REDIS")
 }
 
-enum ParseError {
+pub enum ParseError {
     /// The file ends inside a command.
     Truncated,
     Bad(String),
 }
 
 /// Reads one command (a RESP array of bulk strings); None at a clean end of file.
-fn next_command<R: BufRead>(r: &mut R, offset: &mut u64) -> Result<Option<Vec<Bytes>>, ParseError> {
+pub fn next_command<R: BufRead>(
+    r: &mut R,
+    offset: &mut u64,
+) -> Result<Option<Vec<Bytes>>, ParseError> {
     let mut line = Vec::new();
     let n = r
         .read_until(b'\n', &mut line)
