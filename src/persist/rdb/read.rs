@@ -402,7 +402,10 @@ pub fn read_value<R: Read>(r: &mut Reader<R>, t: u8) -> Result<Option<Value>> {
             let mut set: Option<Set> = None;
             for _ in 0..n {
                 let m = r.string()?;
-                let s = set.get_or_insert_with(|| Set::create_for(&m, n as usize));
+                // The count is the file's word: room grows with members actually read.
+                let s = set.get_or_insert_with(|| {
+                    Set::create_for(&m, (n as usize).min(PREALLOC_MAX))
+                });
                 if !s.add(&m) {
                     return r.err("duplicate set member");
                 }
@@ -411,7 +414,7 @@ pub fn read_value<R: Read>(r: &mut Reader<R>, t: u8) -> Result<Option<Value>> {
         }
         ty::ZSET | ty::ZSET_2 => {
             let n = r.count()?;
-            let mut z = ZSet::with_hint(n as usize, 0);
+            let mut z = ZSet::with_hint((n as usize).min(PREALLOC_MAX), 0);
             for _ in 0..n {
                 let m = r.string()?;
                 let score = if t == ty::ZSET_2 {
