@@ -2,7 +2,8 @@
 # Runs every Kite test: `cargo test --release` (unit, integration, differential,
 # malformed-input, scripting and concurrency suites), the redis-py suite in
 # tests/clients, the job-framework suites in tests/frameworks (BullMQ, Bull,
-# bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry), and the
+# bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry; then
+# "secure": BullMQ and Sidekiq over TLS as restricted ACL users), and the
 # Sentinel failover and live-migration suite in tests/sentinel.
 #
 # Works on a fresh Debian machine as root: installs what is missing (redis-server for
@@ -166,11 +167,14 @@ trap - EXIT
 
 # --- job frameworks, each from its own registry (tests/frameworks/*/run.sh) ---------------
 # Each suite installs its framework, starts its own servers (Kite --threads 1 and 4) and
-# checks end results. KITE_SKIP_FRAMEWORKS=1 skips them (a quick local run).
+# checks end results. "secure" reruns the BullMQ and Sidekiq suites over TLS as ACL users
+# restricted the way Sidekiq's documentation suggests (+@all -@dangerous +info), then
+# checks that those users cannot flush, list keys or reconfigure the server.
+# KITE_SKIP_FRAMEWORKS=1 skips them (a quick local run).
 if [ -z "${KITE_SKIP_FRAMEWORKS:-}" ]; then
     case "$BIN" in *redis-server) export FW_SERVER=redis ;; esac
     failed=()
-    for suite in bullmq bull bee-queue sidekiq celery rq; do
+    for suite in bullmq bull bee-queue sidekiq celery rq secure; do
         log "framework suite: $suite"
         if ! KITE_BIN="$BIN" bash "tests/frameworks/$suite/run.sh"; then
             failed+=("$suite")

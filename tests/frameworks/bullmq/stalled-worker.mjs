@@ -5,15 +5,15 @@
 // checker's own interval.
 // Usage: node stalled-worker.mjs REDIS_URL PREFIX QUEUE
 import { Worker } from 'bullmq';
+import { connectionFor } from './connection.mjs';
 
 const [url, prefix, queue] = process.argv.slice(2);
-const { hostname: host, port } = new URL(url);
 const w = new Worker(
     queue,
     async (job) => {
         process.stdout.write(`started ${job.id}\n`);
         await new Promise(() => {}); // hang until killed
     },
-    { connection: { host, port: Number(port) }, prefix, concurrency: 1, lockDuration: 3000, stalledInterval: 1000 },
+    { connection: connectionFor(url), prefix, concurrency: 1, lockDuration: 3000, stalledInterval: 1000 },
 );
 w.on('error', (e) => process.stderr.write(`stalled-worker: ${e.message}\n`));

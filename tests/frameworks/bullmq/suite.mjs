@@ -1,6 +1,7 @@
 // BullMQ end-to-end suite: drives the real BullMQ (with ioredis) against one server and
 // checks end results of each scenario. Usage: node suite.mjs REDIS_URL PREFIX [SCENARIO...]
 // Prints one "PASS name" or "FAIL name: reason" line per scenario; exits 1 on any failure.
+// REDIS_URL may carry user:password@ and the rediss:// scheme (TLS; see connection.mjs).
 //
 // Every wait is a bounded poll with a generous deadline; assertions are on outcomes
 // (each job processed exactly once, counts, values, order), never on speed.
@@ -12,15 +13,14 @@ import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 import { Queue, Worker, FlowProducer, QueueEvents, Job } from 'bullmq';
 import Redis from 'ioredis';
+import { connectionFor } from './connection.mjs';
 
 const [url, prefix, ...only] = process.argv.slice(2);
 if (!url || !prefix) {
     console.error('usage: node suite.mjs REDIS_URL PREFIX [SCENARIO...]');
     process.exit(2);
 }
-const { hostname: host, port: portText } = new URL(url);
-const port = Number(portText);
-const connection = { host, port };
+const connection = connectionFor(url);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const SCENARIO_DEADLINE_MS = 90_000;
 
@@ -129,7 +129,7 @@ class Seen {
 }
 
 async function scanKeys(pattern) {
-    const r = new Redis({ host, port, lazyConnect: false, maxRetriesPerRequest: 3 });
+    const r = new Redis({ ...connection, lazyConnect: false, maxRetriesPerRequest: 3 });
     try {
         const keys = [];
         let cursor = '0';

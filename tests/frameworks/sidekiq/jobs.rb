@@ -7,7 +7,29 @@ require "sidekiq"
 Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 Redis.silence_deprecations = true if Redis.respond_to?(:silence_deprecations=)
 
+# TLS for a rediss:// URL (tests/frameworks/secure/run.sh): redis-rb's ssl_params from the
+# PEM files named by KITE_TLS_CA (the CA that signed the server's certificate),
+# KITE_TLS_CERT and KITE_TLS_KEY (the client's certificate and key), each when set. A user
+# and password in the URL (rediss://user:pass@host:port) make redis-rb send AUTH user pass.
+# Any other URL: nil, and nothing changes.
+module KiteTLS
+  def self.ssl_params(url)
+    return nil unless url.to_s.start_with?("rediss://")
+
+    require "openssl"
+    params = {}
+    params[:ca_file] = ENV["KITE_TLS_CA"] if ENV["KITE_TLS_CA"]
+    params[:cert] = OpenSSL::X509::Certificate.new(File.read(ENV["KITE_TLS_CERT"])) if ENV["KITE_TLS_CERT"]
+    params[:key] = OpenSSL::PKey.read(File.read(ENV["KITE_TLS_KEY"])) if ENV["KITE_TLS_KEY"]
+    params
+  end
+end
+
 Sidekiq.configure_server do |config|
+  # Sidekiq finds REDIS_URL itself; a rediss:// one also needs the TLS files.
+  if (ssl = KiteTLS.ssl_params(ENV["REDIS_URL"]))
+    config.redis = { url: ENV["REDIS_URL"], ssl_params: ssl }
+  end
   # Poll the scheduled and retry sets about once a second. Sidekiq 6 reads
   # poll_interval_average (set, it also skips the 10 s start-up wait); 7 reads
   # average_scheduled_poll_interval.

@@ -1,4 +1,5 @@
 # Sidekiq against a Redis-protocol server: ruby suite.rb redis://127.0.0.1:PORT
+# (or rediss://USER:PASS@127.0.0.1:PORT: TLS as an ACL user, see KiteTLS in jobs.rb)
 #
 # Starts three real `sidekiq` processes (four threads each), pushes jobs singly and with
 # push_bulk, scheduled, failing-then-retried and always-failing jobs, then checks what
@@ -15,7 +16,10 @@ require_relative "jobs"
 
 URL = ARGV[0] or abort("usage: ruby suite.rb redis://127.0.0.1:PORT")
 LABEL = ENV.fetch("FW_CONFIG", "server")
-Sidekiq.configure_client { |c| c.redis = { url: URL, size: 4 } }
+REDIS_OPTS = { url: URL, size: 4 }
+SSL_PARAMS = KiteTLS.ssl_params(URL)
+REDIS_OPTS[:ssl_params] = SSL_PARAMS if SSL_PARAMS
+Sidekiq.configure_client { |c| c.redis = REDIS_OPTS }
 Sidekiq.logger.level = Logger::WARN
 
 class Failure < StandardError; end
