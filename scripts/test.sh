@@ -54,6 +54,8 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     fi
 fi
 log "reference: $(redis-server --version)"
+# --- openssl (tests/tls.rs and the "secure" suite make throw-away certificates) -------
+command -v openssl >/dev/null 2>&1 || apt_install openssl
 # --- redis-sentinel (tests/sentinel) ---------------------------------------------------
 # Best effort: `redis-server --sentinel` is the same program (Debian's redis-sentinel
 # package adds a link and service files), and tests/sentinel falls back to it.

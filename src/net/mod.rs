@@ -91,6 +91,10 @@ impl Stream {
                     if let Err(e) = state {
                         // Tell the peer why (a plain-text client gets an alert it will
                         // not understand), then give up on the connection.
+                        tracing::warn!(
+                            "Error accepting a client connection: {e} (addr={})",
+                            self.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+                        );
                         let _ = self.flush_tls(tls).await;
                         return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                     }

@@ -161,7 +161,12 @@ fn crypto_provider(config: &Config) -> Result<rustls::crypto::CryptoProvider, St
         .map(|s| openssl_to_iana(&s.to_ascii_uppercase()))
         .collect();
     provider.cipher_suites.retain(|s| {
-        let name = format!("{:?}", s.suite());
+        // rustls spells TLS 1.3 suites `TLS13_...`; IANA (and Redis) `TLS_...`.
+        let debug = format!("{:?}", s.suite());
+        let name = match debug.strip_prefix("TLS13_") {
+            Some(rest) => format!("TLS_{rest}"),
+            None => debug,
+        };
         match s.version().version {
             rustls::ProtocolVersion::TLSv1_3 => wanted13.is_empty() || wanted13.contains(&name),
             _ => wanted12.is_empty() || wanted12.contains(&name),

@@ -403,9 +403,8 @@ pub fn read_value<R: Read>(r: &mut Reader<R>, t: u8) -> Result<Option<Value>> {
             for _ in 0..n {
                 let m = r.string()?;
                 // The count is the file's word: room grows with members actually read.
-                let s = set.get_or_insert_with(|| {
-                    Set::create_for(&m, (n as usize).min(PREALLOC_MAX))
-                });
+                let s =
+                    set.get_or_insert_with(|| Set::create_for(&m, (n as usize).min(PREALLOC_MAX)));
                 if !s.add(&m) {
                     return r.err("duplicate set member");
                 }
