@@ -1853,3 +1853,75 @@ fn config_get_tls_threads1() {
 fn config_get_tls_threads4() {
     config_get_tls(4);
 }
+
+// ---------------------------------------------------------------------------
+// Replication over TLS
+// ---------------------------------------------------------------------------
+
+fn info_field(c: &mut Client, section: &str, field: &str) -> Option<String> {
+    let text = c.cmd(&["INFO", section]).as_string()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_string())
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `tls-replication yes`: a replica reaches its master's TLS port, presenting the client
+/// certificate (`tls-client-cert-file`), does its full sync and follows the stream.
+fn tls_replication(threads: usize) {
+    let certs = Certs::make();
+    let (master, master_tls) = start_with(&certs, &["--repl-diskless-sync-delay", "0"], threads);
+    let mut m = master.client();
+    assert_eq!(m.cmd(&["SET", "before", "1"]), Resp::ok());
+    let (client_crt, client_key) = (certs.path("client.crt"), certs.path("client.key"));
+    let (replica, _) = start_with(
+        &certs,
+        &[
+            "--tls-replication",
+            "yes",
+            "--tls-client-cert-file",
+            &client_crt,
+            "--tls-client-key-file",
+            &client_key,
+        ],
+        threads,
+    );
+    let mut r = replica.client();
+    assert_eq!(
+        r.cmd(&["REPLICAOF", "127.0.0.1", &master_tls.to_string()]),
+        Resp::ok()
+    );
+    wait_for(
+        "the replica's link to come up over TLS",
+        Duration::from_secs(30),
+        || info_field(&mut r, "replication", "master_link_status").as_deref() == Some("up"),
+    );
+    assert_eq!(r.cmd(&["GET", "before"]), Resp::bulk("1"));
+    assert_eq!(m.cmd(&["SET", "after", "2"]), Resp::ok());
+    wait_for(
+        "a write to reach the replica",
+        Duration::from_secs(30),
+        || r.cmd(&["GET", "after"]) == Resp::bulk("2"),
+    );
+    assert_eq!(
+        info_field(&mut m, "replication", "connected_slaves").as_deref(),
+        Some("1")
+    );
+}
+
+#[test]
+fn tls_replication_threads1() {
+    tls_replication(1);
+}
+
+#[test]
+fn tls_replication_threads4() {
+    tls_replication(4);
+}

@@ -43,6 +43,39 @@ fn client_line(sess: &Session) -> String {
     sess.handle.info.borrow().line(unix_ms())
 }
 
+/// Checks a call for `user`; on a denial, counts it, logs it in ACL LOG under `context`
+/// and returns what was refused, the command's full name and the object at fault.
+fn check_and_log<'a>(
+    shared: &crate::shard::Shared,
+    user: &User,
+    cmd: &'static Command,
+    args: &'a [Bytes],
+    context: Context,
+    client_info: impl FnOnce() -> String,
+) -> Option<(Denied, &'static str, &'a [u8])> {
+    let (denied, pos) = user.check(cmd, args).err()?;
+    let ids = acl_commands();
+    let full_name = ids.entries[ids.id_of_call(cmd, args)].full_name;
+    let object: &[u8] = match denied {
+        Denied::Command => full_name.as_bytes(),
+        _ => &args[pos],
+    };
+    shared.acl.log_denial(
+        denied.into(),
+        context,
+        object,
+        &user.name,
+        client_info(),
+        unix_ms(),
+    );
+    Some((denied, full_name, object))
+}
+
+/// The connection's user, looked up again if ACL changed; None when it was deleted.
+fn current_user(sess: &mut Session) -> Option<Arc<User>> {
+    refresh_user(sess).then(|| sess.user.clone())
+}
+
 /// The permission check before a command runs or is queued: on a denial, the NOPERM
 /// error (for the caller to send) after counting it and logging it in ACL LOG.
 #[inline]
@@ -50,28 +83,18 @@ pub fn denial(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) -> Opti
     if sess.acl_version == sess.worker.shared.acl.version() && sess.user.unrestricted {
         return None;
     }
-    if !refresh_user(sess) {
+    let Some(user) = current_user(sess) else {
         sess.close_after_reply = true;
         return Some("NOPERM this user has been deleted".into());
-    }
-    let (denied, pos) = sess.user.check(cmd, args).err()?;
-    let ids = acl_commands();
-    let full_name = ids.entries[ids.id_of_call(cmd, args)].full_name;
-    let object: &[u8] = match denied {
-        Denied::Command => full_name.as_bytes(),
-        _ => &args[pos],
     };
-    sess.worker.shared.acl.log_denial(
-        denied.into(),
-        context(sess),
-        object,
-        &sess.user.name,
-        client_line(sess),
-        unix_ms(),
-    );
+    let shared = sess.worker.shared.clone();
+    let (denied, full_name, object) =
+        check_and_log(&shared, &user, cmd, args, context(sess), || {
+            client_line(sess)
+        })?;
     Some(format!(
         "NOPERM {}",
-        acl_mod::denial_text(denied, &sess.user.name, full_name, object, false)
+        acl_mod::denial_text(denied, &user.name, full_name, object, false)
     ))
 }
 
@@ -81,24 +104,13 @@ pub fn exec_denial(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) ->
     if sess.acl_version == sess.worker.shared.acl.version() && sess.user.unrestricted {
         return None;
     }
-    if !refresh_user(sess) {
+    let Some(user) = current_user(sess) else {
         return Some("NOPERM this user has been deleted".into());
-    }
-    let (denied, pos) = sess.user.check(cmd, args).err()?;
-    let ids = acl_commands();
-    let full_name = ids.entries[ids.id_of_call(cmd, args)].full_name;
-    let object: &[u8] = match denied {
-        Denied::Command => full_name.as_bytes(),
-        _ => &args[pos],
     };
-    sess.worker.shared.acl.log_denial(
-        denied.into(),
-        Context::Multi,
-        object,
-        &sess.user.name,
-        client_line(sess),
-        unix_ms(),
-    );
+    let shared = sess.worker.shared.clone();
+    let (denied, _, _) = check_and_log(&shared, &user, cmd, args, Context::Multi, || {
+        client_line(sess)
+    })?;
     let reason = match denied {
         Denied::Command => "no permission to execute the command or subcommand",
         Denied::Key => "no permission to touch the specified keys",
@@ -118,21 +130,9 @@ pub fn script_denial(
     if user.unrestricted {
         return None;
     }
-    let (denied, pos) = user.check(cmd, args).err()?;
-    let ids = acl_commands();
-    let full_name = ids.entries[ids.id_of_call(cmd, args)].full_name;
-    let object: &[u8] = match denied {
-        Denied::Command => full_name.as_bytes(),
-        _ => &args[pos],
-    };
-    shared.acl.log_denial(
-        denied.into(),
-        Context::Lua,
-        object,
-        &user.name,
-        format!("id={client_id} user={}", user.name),
-        unix_ms(),
-    );
+    let (denied, full_name, object) = check_and_log(shared, user, cmd, args, Context::Lua, || {
+        format!("id={client_id} user={}", user.name)
+    })?;
     Some(format!(
         "ERR ACL failure in script: {}",
         acl_mod::denial_text(denied, &user.name, full_name, object, false)

@@ -23,15 +23,6 @@ async_handler!(replicaof, |sess, args| {
         _ => return sess.error("ERR Invalid master port"),
     };
     let host = String::from_utf8_lossy(&args[1]).into_owned();
-    let tls_links = shared
-        .config
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_bool("tls-replication");
-    if tls_links {
-        // Kite serves replicas over TLS on tls-port, but does not dial out over TLS yet.
-        return sess.error("ERR Kite cannot yet connect to a master over TLS (tls-replication yes): set tls-replication no, or replicate over the plain port");
-    }
     if shared.repl.is_replica() {
         let same = shared
             .repl

@@ -20,6 +20,82 @@ pub fn current() -> Option<Arc<ServerConfig>> {
     CURRENT.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
+/// A byte stream the replication link reads and writes: plain TCP or TLS over it.
+pub trait AsyncIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> AsyncIo for T {}
+
+/// Opens TLS over `tcp` to a master (`tls-replication yes`), presenting
+/// `tls-client-cert-file` (or `tls-cert-file`) and trusting `tls-ca-cert-file` /
+/// `tls-ca-cert-dir`, as Redis's outgoing links do.
+pub async fn connect(
+    config: &Config,
+    host: &str,
+    tcp: tokio::net::TcpStream,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let client = client_config(config)?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("bad master name {host}: {e}"))?;
+    tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn client_config(config: &Config) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(crypto_provider(config)?);
+    let versions = protocol_versions(config.get("tls-protocols"))?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions)
+        .map_err(|e| format!("TLS protocols: {e}"))?
+        .with_root_certificates(ca_roots(config)?);
+    let (cert, key) = match config.get("tls-client-cert-file") {
+        "" => (config.get("tls-cert-file"), config.get("tls-key-file")),
+        c => (c, config.get("tls-client-key-file")),
+    };
+    if cert.is_empty() || key.is_empty() {
+        return Ok(builder.with_no_client_auth());
+    }
+    let certs = read_certs(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("Failed to load private key: {key}: {e}"))?;
+    builder
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| format!("Invalid client certificate or key: {e}"))
+}
+
+/// The CAs of `tls-ca-cert-file` and `tls-ca-cert-dir`.
+fn ca_roots(config: &Config) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    let ca_file = config.get("tls-ca-cert-file");
+    let ca_dir = config.get("tls-ca-cert-dir");
+    if ca_file.is_empty() && ca_dir.is_empty() {
+        return Err(
+            "Either tls-ca-cert-file or tls-ca-cert-dir must be specified when tls-cluster, tls-replication or tls-auth-clients are enabled!".into(),
+        );
+    }
+    if !ca_file.is_empty() {
+        for c in read_certs(ca_file)? {
+            roots.add(c).map_err(|e| {
+                format!("Failed to configure CA certificate(s) file/directory: {e}")
+            })?;
+        }
+    }
+    if !ca_dir.is_empty() {
+        let dir = std::fs::read_dir(ca_dir).map_err(|e| {
+            format!("Failed to configure CA certificate(s) file/directory: {ca_dir}: {e}")
+        })?;
+        for entry in dir.flatten() {
+            // Hashed links (`<hash>.0`) and plain PEM files alike; others are skipped.
+            if let Ok(certs) = read_certs(&entry.path().to_string_lossy()) {
+                for c in certs {
+                    let _ = roots.add(c);
+                }
+            }
+        }
+    }
+    Ok(roots)
+}
+
 /// The `tls-*` settings whose change rebuilds the configuration.
 pub fn is_tls_setting(name: &str) -> bool {
     name.starts_with("tls-")
@@ -70,35 +146,7 @@ fn build(config: &Config) -> Result<ServerConfig, String> {
     let builder = if auth == "no" {
         builder.with_no_client_auth()
     } else {
-        let mut roots = RootCertStore::empty();
-        let ca_file = config.get("tls-ca-cert-file");
-        let ca_dir = config.get("tls-ca-cert-dir");
-        if ca_file.is_empty() && ca_dir.is_empty() {
-            return Err(
-                "Either tls-ca-cert-file or tls-ca-cert-dir must be specified when tls-cluster, tls-replication or tls-auth-clients are enabled!".into(),
-            );
-        }
-        if !ca_file.is_empty() {
-            for c in read_certs(ca_file)? {
-                roots.add(c).map_err(|e| {
-                    format!("Failed to configure CA certificate(s) file/directory: {e}")
-                })?;
-            }
-        }
-        if !ca_dir.is_empty() {
-            let dir = std::fs::read_dir(ca_dir).map_err(|e| {
-                format!("Failed to configure CA certificate(s) file/directory: {ca_dir}: {e}")
-            })?;
-            for entry in dir.flatten() {
-                let path = entry.path();
-                // Hashed links (`<hash>.0`) and plain PEM files alike; others are skipped.
-                if let Ok(certs) = read_certs(&path.to_string_lossy()) {
-                    for c in certs {
-                        let _ = roots.add(c);
-                    }
-                }
-            }
-        }
+        let roots = ca_roots(config)?;
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
         let verifier = if auth == "optional" {
             verifier.allow_unauthenticated()

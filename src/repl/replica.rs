@@ -213,9 +213,10 @@ async fn run_link(worker: Rc<Worker>, gen: u64) {
     }
 }
 
-/// A connection to the master, read line by line during the handshake.
+/// A connection to the master, read line by line during the handshake: plain TCP, or
+/// TLS with `tls-replication yes`.
 struct Link {
-    stream: TcpStream,
+    stream: Box<dyn crate::net::tls::AsyncIo>,
     buf: BytesMut,
 }
 
@@ -282,6 +283,30 @@ async fn link_once(worker: &Rc<Worker>, gen: u64, addr: &MasterAddr, full_needed
         Err(_) => return Ended::Retry("Timeout connecting to the MASTER...".into()),
     };
     let _ = stream.set_nodelay(true);
+    let tls_link = shared
+        .config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_bool("tls-replication");
+    let stream: Box<dyn crate::net::tls::AsyncIo> = if tls_link {
+        let config = shared
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let connect = crate::net::tls::connect(&config, &addr.host, stream);
+        match tokio::time::timeout(timeout, connect).await {
+            Ok(Ok(s)) => Box::new(s),
+            Ok(Err(e)) => {
+                return Ended::Retry(format!("TLS handshake with the MASTER failed: {e}"))
+            }
+            Err(_) => {
+                return Ended::Retry("Timeout during the TLS handshake with the MASTER".into())
+            }
+        }
+    } else {
+        Box::new(stream)
+    };
     tracing::info!("MASTER <-> REPLICA sync started");
     shared.repl.link.store(LINK_HANDSHAKE, Ordering::Relaxed);
     let mut link = Link {

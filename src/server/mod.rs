@@ -44,16 +44,7 @@ pub fn run(
         .expect("config lock")
         .get("replicaof")
         .to_string();
-    let tls_links = shared
-        .config
-        .lock()
-        .expect("config lock")
-        .get_bool("tls-replication");
-    if tls_links && !replicaof.trim().is_empty() {
-        tracing::error!(
-            "replicaof with tls-replication yes: Kite cannot yet connect to a master over TLS; not following {replicaof}"
-        );
-    } else if let Some((host, port)) = replicaof.trim().split_once(' ') {
+    if let Some((host, port)) = replicaof.trim().split_once(' ') {
         match port.trim().parse::<u16>() {
             Ok(port) => {
                 let host = host.to_string();
