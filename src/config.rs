@@ -427,7 +427,7 @@ pub static PARAMS: &[Param] = &[
     p("io-threads", Kind::Int(1, 128), "1", false, false),
     p("io-threads-do-reads", YESNO, "no", false, false),
     p("maxmemory-samples", Kind::Int(1, 64), "5", true, false),
-    p("maxmemory-clients", Kind::Memory, "0", true, false),
+    p("maxmemory-clients", Kind::Text, "0", true, true),
     p("lfu-log-factor", Kind::Int(0, I64MAX), "10", true, false),
     p("lfu-decay-time", Kind::Int(0, I64MAX), "1", true, false),
     p(
@@ -502,6 +502,18 @@ pub fn parse_memory(s: &str) -> Option<u64> {
 
 /// Normalises a value for storage, or says why it is not acceptable.
 fn validate(param: &Param, value: &str) -> Result<String, String> {
+    if param.name == "maxmemory-clients" {
+        // Bytes, or a percentage of maxmemory (`10%`), as Redis takes it.
+        if let Some(pct) = value.strip_suffix('%') {
+            return match pct.parse::<u64>() {
+                Ok(p) if p <= 100 => Ok(format!("{p}%")),
+                _ => Err("argument must be a memory or percent value".into()),
+            };
+        }
+        return parse_memory(value)
+            .map(|v| v.to_string())
+            .ok_or_else(|| "argument must be a memory or percent value".to_string());
+    }
     if param.name == "save" {
         return match crate::persist::snapshot::parse_save_points(value) {
             Some(_) => Ok(value.split_whitespace().collect::<Vec<_>>().join(" ")),
@@ -944,6 +956,9 @@ pub struct Tunables {
     pub obuf_pubsub: [AtomicU64; 3],
     pub query_buffer_limit: AtomicUsize,
     pub protected_mode: AtomicBool,
+    /// `maxmemory-clients`: bytes, or a percentage of maxmemory when `..._percent`.
+    pub maxmemory_clients: AtomicU64,
+    pub maxmemory_clients_percent: AtomicBool,
 }
 
 impl Tunables {
@@ -964,6 +979,8 @@ impl Tunables {
             obuf_pubsub: Default::default(),
             query_buffer_limit: AtomicUsize::new(1 << 30),
             protected_mode: AtomicBool::new(true),
+            maxmemory_clients: AtomicU64::new(0),
+            maxmemory_clients_percent: AtomicBool::new(false),
         };
         t.refresh(c);
         t
@@ -997,6 +1014,18 @@ impl Tunables {
         self.query_buffer_limit
             .store(c.get_i64("client-query-buffer-limit") as usize, r);
         self.protected_mode.store(c.get_bool("protected-mode"), r);
+        let mc = c.get("maxmemory-clients");
+        match mc.strip_suffix('%') {
+            Some(p) => {
+                self.maxmemory_clients.store(p.parse().unwrap_or(0), r);
+                self.maxmemory_clients_percent.store(true, r);
+            }
+            None => {
+                self.maxmemory_clients
+                    .store(parse_memory(mc).unwrap_or(0), r);
+                self.maxmemory_clients_percent.store(false, r);
+            }
+        }
         self.notify_flags.store(
             crate::pubsub::parse_classes(c.get("notify-keyspace-events")).unwrap_or(0),
             r,

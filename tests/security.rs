@@ -1112,6 +1112,59 @@ fn client_query_buffer_limit_threads4() {
     query_buffer_limit(4);
 }
 
+/// `maxmemory-clients`: a client holding megabytes of an unfinished argument is closed
+/// once all clients together pass the limit; a small client and a CLIENT NO-EVICT one
+/// stay.
+fn maxmemory_clients(threads: usize) {
+    let mut kite = KiteServer::start(&[], threads);
+    let mut c = kite.client();
+    assert_eq!(c.cmd(&["CLIENT", "NO-EVICT", "on"]), Resp::ok());
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "maxmemory-clients", "2mb"]),
+        Resp::ok()
+    );
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "maxmemory-clients"]),
+        Resp::Array(vec![Resp::bulk("maxmemory-clients"), Resp::bulk("2097152")])
+    );
+    let mut small = kite.client();
+    assert_eq!(small.cmd(&["CLIENT", "SETNAME", "small"]), Resp::ok());
+    let mut hog = kite.client();
+    assert_eq!(hog.cmd(&["CLIENT", "SETNAME", "hog"]), Resp::ok());
+    let _ = hog.try_send_raw(b"*3\r\n$3\r\nSET\r\n$5\r\nmc:no\r\n$8000000\r\n");
+    let chunk = vec![b'x'; 64 * 1024];
+    for _ in 0..64 {
+        if hog.try_send_raw(&chunk).is_err() {
+            break;
+        }
+    }
+    wait_until("the hog to be evicted", Duration::from_secs(10), || {
+        !client_listed(&mut c, "hog")
+    });
+    assert!(
+        client_listed(&mut c, "small"),
+        "the small client was evicted too"
+    );
+    assert_eq!(small.cmd(&["PING"]), Resp::simple("PONG"));
+    let evicted: i64 = info_field(&mut c, "stats", "evicted_clients")
+        .expect("INFO stats evicted_clients")
+        .parse()
+        .expect("a number");
+    assert!(evicted >= 1, "evicted_clients is {evicted}");
+    assert_eq!(c.cmd(&["EXISTS", "mc:no"]), Resp::Integer(0));
+    kite.assert_alive();
+}
+
+#[test]
+fn maxmemory_clients_threads1() {
+    maxmemory_clients(1);
+}
+
+#[test]
+fn maxmemory_clients_threads4() {
+    maxmemory_clients(4);
+}
+
 const STRING_TOO_BIG: &str = "ERR string exceeds maximum allowed size (proto-max-bulk-len)";
 const BAD_BIT_OFFSET: &str = "ERR bit offset is not an integer or out of range";
 

@@ -276,7 +276,7 @@ async_handler!(info, |sess, args| {
     if show("stats") {
         let _ = write!(
             s,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\nclient_query_buffer_limit_disconnections:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\nclient_query_buffer_limit_disconnections:{}\r\nevicted_clients:{}\r\n\r\n",
             sum(12),
             sum(0),
             reports.iter().map(|r| r.ops_per_sec).sum::<u64>(),
@@ -298,6 +298,7 @@ async_handler!(info, |sess, args| {
             shared.acl.denied[3].load(Ordering::Relaxed),
             crate::server::conn::OBUF_DISCONNECTIONS.load(Ordering::Relaxed),
             crate::server::conn::QBUF_DISCONNECTIONS.load(Ordering::Relaxed),
+            shared.evicted_clients.load(Ordering::Relaxed),
         );
     }
     if show("replication") {

@@ -180,6 +180,11 @@ impl RequestParser {
     /// incomplete line (an inline request or a header) stays in the buffer
     /// and does not count here: check the buffer for that.
     #[allow(dead_code)]
+    /// Bytes of the complete arguments of the request in progress.
+    pub fn held_bytes(&self) -> usize {
+        self.args.iter().map(|a| a.len()).sum()
+    }
+
     pub fn in_progress(&self) -> bool {
         self.remaining > 0
     }

@@ -145,6 +145,9 @@ pub struct ClientHandle {
     pub hook_in: RefCell<bytes::BytesMut>,
     pub hook_out: RefCell<Vec<u8>>,
     pub hook_touched: Cell<bool>,
+    /// Bytes this connection's buffers hold (input, replies, queued messages), as of its
+    /// last pass: what `maxmemory-clients` counts.
+    pub memory: Cell<usize>,
 }
 
 impl ClientHandle {
@@ -160,6 +163,7 @@ impl ClientHandle {
             hook_in: RefCell::new(bytes::BytesMut::new()),
             hook_out: RefCell::new(Vec::new()),
             hook_touched: Cell::new(false),
+            memory: Cell::new(0),
         })
     }
 

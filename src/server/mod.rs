@@ -186,6 +186,7 @@ async fn housekeeping(worker: Rc<Worker>) {
         }
         worker.shard.borrow_mut().sample_ops(now);
         close_idle_clients(&worker);
+        evict_clients(&worker);
         if worker.id == 0 {
             crate::memory::refresh(&worker.shared);
         }
@@ -228,6 +229,59 @@ fn active_expire(worker: &Rc<Worker>, now: u64) {
         }
     }
     worker.shard.borrow_mut().aof_undefer();
+}
+
+/// `maxmemory-clients`: each thread sums its connections' buffers; past the limit, each
+/// closes its largest clients until its own share is down in proportion, so the total
+/// falls under the limit without the threads having to agree. Replication links and
+/// CLIENT NO-EVICT clients are spared, as in Redis.
+fn evict_clients(worker: &Rc<Worker>) {
+    let shared = &worker.shared;
+    let clients = worker.clients.borrow();
+    let mine: usize = clients.map.values().map(|h| h.memory.get()).sum();
+    shared.client_memory[worker.id].store(mine, Ordering::Relaxed);
+    let setting = shared.tunables.maxmemory_clients.load(Ordering::Relaxed);
+    if setting == 0 {
+        return;
+    }
+    let limit = if shared
+        .tunables
+        .maxmemory_clients_percent
+        .load(Ordering::Relaxed)
+    {
+        shared.tunables.maxmemory.load(Ordering::Relaxed) * setting / 100
+    } else {
+        setting
+    } as usize;
+    let total: usize = shared
+        .client_memory
+        .iter()
+        .map(|m| m.load(Ordering::Relaxed))
+        .sum();
+    if limit == 0 || total <= limit || mine == 0 {
+        return;
+    }
+    let target = (mine as u128 * limit as u128 / total as u128) as usize;
+    let mut candidates: Vec<_> = clients
+        .map
+        .values()
+        .filter(|h| {
+            let info = h.info.borrow();
+            !info.no_evict && info.kind == clients::KIND_NORMAL && !h.killed.get()
+        })
+        .cloned()
+        .collect();
+    candidates.sort_by_key(|h| std::cmp::Reverse(h.memory.get()));
+    let mut left = mine;
+    for h in candidates {
+        if left <= target {
+            break;
+        }
+        left -= h.memory.get();
+        shared.evicted_clients.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("Evicting client: {}", h.info.borrow().line(unix_ms()));
+        h.kill();
+    }
 }
 
 fn close_idle_clients(worker: &Rc<Worker>) {

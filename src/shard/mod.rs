@@ -91,6 +91,11 @@ pub struct Shared {
     /// message because a thread busy in a script takes them from its Lua hook
     /// (`scripting::busy`), where it cannot run its mailbox; taken once per connection.
     pub inbox: Vec<Mutex<Vec<(std::net::TcpStream, bool)>>>,
+    /// Memory held by each thread's client connections (buffers), summed by its
+    /// housekeeping, for `maxmemory-clients` and INFO.
+    pub client_memory: Vec<AtomicUsize>,
+    /// Clients closed by `maxmemory-clients` (INFO's evicted_clients).
+    pub evicted_clients: AtomicU64,
 }
 
 impl Shared {
@@ -135,6 +140,8 @@ impl Shared {
             repl: crate::repl::ReplState::default(),
             acl: crate::acl::Acl::new(),
             inbox: (0..nshards).map(|_| Mutex::new(Vec::new())).collect(),
+            client_memory: (0..nshards).map(|_| AtomicUsize::new(0)).collect(),
+            evicted_clients: AtomicU64::new(0),
         })
     }
 
