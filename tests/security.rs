@@ -676,17 +676,6 @@ fn assert_busy(r: &Resp, what: &str) {
     }
 }
 
-/// Kite with several threads answers BUSY only for what needs the busy thread: a PING
-/// from a connection another thread serves gets PONG there (a script is atomic for its
-/// own shard, not for the whole server).
-#[track_caller]
-fn assert_busy_unless_elsewhere(r: &Resp, threads: usize, what: &str) {
-    if !kite_is_redis() && threads > 1 && *r == Resp::simple("PONG") {
-        return;
-    }
-    assert_busy(r, what);
-}
-
 /// Waits until the server exits by itself (after SHUTDOWN NOSAVE).
 fn wait_exit(kite: &mut KiteServer) {
     wait_until(
@@ -714,7 +703,7 @@ fn busy_script(threads: usize) {
     runner.set_timeout(Some(Duration::from_secs(20)));
     runner.send(&["EVAL", "while true do end", "0"]);
     thread::sleep(Duration::from_millis(300));
-    assert_busy_unless_elsewhere(&other.cmd(&["PING"]), threads, "PING while a script loops");
+    assert_busy(&other.cmd(&["PING"]), "PING while a script loops");
     // Kite with several shards may serve keys of shards the script does not hold.
     let sharded = !kite_is_redis() && threads > 1;
     let r = other.cmd(&["GET", "x"]);
@@ -722,7 +711,7 @@ fn busy_script(threads: usize) {
         assert_busy(&r, "GET while a script loops");
     }
     let mut late = kite.client();
-    assert_busy_unless_elsewhere(&late.cmd(&["PING"]), threads, "PING from a new connection");
+    assert_busy(&late.cmd(&["PING"]), "PING from a new connection");
     assert_eq!(other.cmd(&["SCRIPT", "KILL"]), Resp::ok());
     let r = runner.read();
     assert_err_contains(
@@ -739,11 +728,7 @@ fn busy_script(threads: usize) {
     // A script that wrote cannot be killed: only SHUTDOWN NOSAVE ends it.
     runner.send(&["EVAL", "redis.call('set', 'x', '1') while true do end", "0"]);
     thread::sleep(Duration::from_millis(300));
-    assert_busy_unless_elsewhere(
-        &other.cmd(&["PING"]),
-        threads,
-        "PING while a writing script loops",
-    );
+    assert_busy(&other.cmd(&["PING"]), "PING while a writing script loops");
     let r = other.cmd(&["SCRIPT", "KILL"]);
     assert_err_prefix(&r, "UNKILLABLE");
     // Nobody sees the running script's write.
@@ -791,7 +776,7 @@ fn busy_function(threads: usize) {
     for (cmd, name) in [("FCALL", "spin"), ("FCALL_RO", "spin_ro")] {
         runner.send(&[cmd, name, "0"]);
         thread::sleep(Duration::from_millis(300));
-        assert_busy_unless_elsewhere(&other.cmd(&["PING"]), threads, name);
+        assert_busy(&other.cmd(&["PING"]), name);
         if name == "spin_ro" {
             // SCRIPT KILL is for EVAL scripts: Redis answers BUSY (\"You can only call
             // FUNCTION KILL or SHUTDOWN NOSAVE.\") and the function keeps running.
@@ -811,7 +796,7 @@ fn busy_function(threads: usize) {
 
     runner.send(&["FCALL", "write_spin", "1", "fk"]);
     thread::sleep(Duration::from_millis(300));
-    assert_busy_unless_elsewhere(&other.cmd(&["PING"]), threads, "write_spin");
+    assert_busy(&other.cmd(&["PING"]), "write_spin");
     assert_err_prefix(&other.cmd(&["FUNCTION", "KILL"]), "UNKILLABLE");
     let mut stopper = kite.client();
     stopper.send(&["SHUTDOWN", "NOSAVE"]);

@@ -377,8 +377,8 @@ fn allowed_while_busy(cmd: &Command, args: &[Bytes]) -> bool {
 
 /// While a script is past the busy threshold on some thread, whether this command needs
 /// that thread: keys on its shard, or work that reaches every shard (server commands,
-/// scripts, EXEC). Connection commands and commands whose keys all live on other shards
-/// go on being served: a script is atomic for its own shard only.
+/// scripts, EXEC). Connection commands (but PING) and commands whose keys all live on
+/// other shards go on being served: a script is atomic for its own shard only.
 fn needs_busy_shard(sess: &Session, cmd: &Command, args: &[Bytes]) -> bool {
     use crate::scripting::run::{BUSY_RUNNING, KIND_GLOBAL};
     use std::sync::atomic::Ordering::Acquire;
@@ -389,7 +389,9 @@ fn needs_busy_shard(sess: &Session, cmd: &Command, args: &[Bytes]) -> bool {
         .any(|s| running(s) && shared.busy_kind[s].load(Acquire) & KIND_GLOBAL != 0);
     let busy = |s: usize| global || running(s);
     match cmd.handler {
-        Handler::Conn(_) => false,
+        // PING is the health check (Sentinel, probes): it reports the busy server as
+        // Redis does, and Sentinel answers a BUSY master with SCRIPT KILL.
+        Handler::Conn(_) => cmd.name == "ping",
         Handler::Shard(_) | Handler::Multi(..) => cmd
             .key_positions(args)
             .iter()

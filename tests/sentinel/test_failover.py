@@ -414,13 +414,7 @@ class _Servers:
             shutil.rmtree(self.work, ignore_errors=True)
 
 
-@pytest.mark.parametrize("threads,sentinel_first", [
-    # Known and open (issue 12): a script past busy-reply-threshold still holds its whole
-    # thread, so with one thread no connection gets -BUSY and SCRIPT KILL cannot reach
-    # it. strict: this starts failing (as it should) once that is fixed.
-    pytest.param(1, True, marks=pytest.mark.xfail(
-        strict=True, reason="issue 12: a busy script blocks its thread; -BUSY and SCRIPT KILL cannot reach it at --threads 1")),
-    (4, False)],
+@pytest.mark.parametrize("threads,sentinel_first", [(1, True), (4, False)],
                          ids=["threads1-sentinel-watching", "threads4-sentinel-started-while-busy"])
 def test_sentinel_kills_busy_script(reporters, threads, sentinel_first):
     """A master running a script past busy-reply-threshold answers -BUSY (on every
