@@ -86,11 +86,22 @@ pub fn redis_server_bin() -> PathBuf {
 }
 
 fn redis_style_args(port: u16, extra: &[&str]) -> Vec<String> {
+    // A data directory of its own: a replica writes the RDB it receives even with no
+    // save points, and must not leave it in the work tree (or load another's).
+    let dir = std::env::temp_dir().join(format!(
+        "redis-test-data-{}-{}",
+        std::process::id(),
+        LOG_SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::create_dir_all(&dir);
+    let dir = dir.to_string_lossy().into_owned();
     let mut args: Vec<String> = [
         "--port",
         &port.to_string(),
         "--bind",
         "127.0.0.1",
+        "--dir",
+        &dir,
         "--save",
         "",
         "--appendonly",
