@@ -2177,3 +2177,72 @@ threads_1_and_4!(
     config_file_users_t1,
     config_file_users_t4
 );
+
+/// A replica applies its master's stream whatever its own default user may do (the
+/// master link runs as no user, as in Redis): here the replica's default user may not
+/// write, and MULTI/EXEC and a script from the master still land.
+fn replica_stream_ignores_acl(threads: usize) {
+    let master = KiteServer::start(&["--repl-diskless-sync-delay", "0"], threads);
+    let replica = KiteServer::start(&[], threads);
+    let mut m = master.client();
+    let mut r = replica.client();
+    assert_eq!(r.cmd(&["ACL", "SETUSER", "default", "-@write"]), Resp::ok());
+    assert_eq!(
+        r.cmd(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]),
+        Resp::ok()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let info = r
+            .cmd(&["INFO", "replication"])
+            .as_string()
+            .unwrap_or_default();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never synced: {info}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(m.cmd(&["SET", "plain", "1"]), Resp::ok());
+    assert_eq!(m.cmd(&["MULTI"]), Resp::ok());
+    m.cmd(&["SET", "in-multi", "2"]);
+    m.cmd(&["INCR", "counter"]);
+    assert!(m.cmd(&["EXEC"]).as_array().is_some());
+    m.cmd(&[
+        "EVAL",
+        "redis.call('set', KEYS[1], 'from-script') return 1",
+        "1",
+        "scripted",
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while r.cmd(&["GET", "scripted"]) != Resp::bulk("from-script") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not apply the stream"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(r.cmd(&["GET", "plain"]), Resp::bulk("1"));
+    assert_eq!(r.cmd(&["GET", "in-multi"]), Resp::bulk("2"));
+    assert_eq!(r.cmd(&["GET", "counter"]), Resp::bulk("1"));
+    // The replica's own clients are still held to the rule.
+    assert_eq!(r.cmd(&["REPLICAOF", "NO", "ONE"]), Resp::ok());
+    let denied = r.cmd(&["SET", "mine", "x"]);
+    assert!(
+        denied.error_text().is_some_and(|e| e.starts_with("NOPERM")),
+        "{denied}"
+    );
+}
+
+#[test]
+fn replica_stream_ignores_acl_t1() {
+    replica_stream_ignores_acl(1);
+}
+
+#[test]
+fn replica_stream_ignores_acl_t4() {
+    replica_stream_ignores_acl(4);
+}

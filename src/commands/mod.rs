@@ -447,9 +447,12 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         reject_command(sess, cmd, "NOAUTH Authentication required.");
         return;
     }
-    if let Some(msg) = acl::denial(sess, cmd, &args) {
-        reject_command(sess, cmd, &msg);
-        return;
+    // The master's stream and the AOF replay run as no user, as in Redis.
+    if !sess.replaying {
+        if let Some(msg) = acl::denial(sess, cmd, &args) {
+            reject_command(sess, cmd, &msg);
+            return;
+        }
     }
     // Past maxmemory, Redis refuses commands that may grow memory, also while queueing
     // them and at an EXEC that queued one.
