@@ -194,9 +194,9 @@ async_handler!(exec, |sess, _args| {
     // Rules may have changed since the commands were queued: a command no longer
     // allowed gets an error in its place, and the rest run one by one.
     let mut refused: Vec<Option<String>> = Vec::new();
-    if !sess.replaying
-        && !(sess.user.unrestricted && sess.acl_version == sess.worker.shared.acl.version())
-    {
+    let unchecked = sess.replaying
+        || (sess.user.unrestricted && sess.acl_version == sess.worker.shared.acl.version());
+    if !unchecked {
         refused = m
             .queued
             .iter()
