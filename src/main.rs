@@ -312,7 +312,7 @@ fn main() {
         repl: repl::ReplState::default(),
         acl,
         inbox: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
-        client_memory: (0..threads).map(|_| AtomicUsize::new(0)).collect(),
+        client_memory: (0..threads).map(|_| Default::default()).collect(),
         evicted_clients: AtomicU64::new(0),
     });
     repl::refresh_settings(&shared);

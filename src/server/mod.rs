@@ -231,15 +231,29 @@ fn active_expire(worker: &Rc<Worker>, now: u64) {
     worker.shard.borrow_mut().aof_undefer();
 }
 
-/// `maxmemory-clients`: each thread sums its connections' buffers; past the limit, each
-/// closes its largest clients until its own share is down in proportion, so the total
-/// falls under the limit without the threads having to agree. Replication links and
-/// CLIENT NO-EVICT clients are spared, as in Redis.
+/// `maxmemory-clients`: each thread publishes the sum of its connections' buffers and
+/// its largest evictable client. Past the limit, a thread closes its largest clients
+/// while they are at least as large as every other thread's largest and the excess
+/// lasts, so the largest clients go first, as in Redis, without the threads agreeing on
+/// anything else. Replication links and CLIENT NO-EVICT clients are spared.
 fn evict_clients(worker: &Rc<Worker>) {
     let shared = &worker.shared;
     let clients = worker.clients.borrow();
+    let mut candidates: Vec<_> = clients
+        .map
+        .values()
+        .filter(|h| {
+            let info = h.info.borrow();
+            !info.no_evict && info.kind == clients::KIND_NORMAL && !h.killed.get()
+        })
+        .cloned()
+        .collect();
+    candidates.sort_by_key(|h| std::cmp::Reverse(h.memory.get()));
     let mine: usize = clients.map.values().map(|h| h.memory.get()).sum();
-    shared.client_memory[worker.id].store(mine, Ordering::Relaxed);
+    let largest = candidates.first().map_or(0, |h| h.memory.get());
+    let slots = &shared.client_memory[worker.id];
+    slots[0].store(mine, Ordering::Relaxed);
+    slots[1].store(largest, Ordering::Relaxed);
     let setting = shared.tunables.maxmemory_clients.load(Ordering::Relaxed);
     if setting == 0 {
         return;
@@ -256,28 +270,26 @@ fn evict_clients(worker: &Rc<Worker>) {
     let total: usize = shared
         .client_memory
         .iter()
-        .map(|m| m.load(Ordering::Relaxed))
+        .map(|m| m[0].load(Ordering::Relaxed))
         .sum();
-    if limit == 0 || total <= limit || mine == 0 {
+    if limit == 0 || total <= limit {
         return;
     }
-    let target = (mine as u128 * limit as u128 / total as u128) as usize;
-    let mut candidates: Vec<_> = clients
-        .map
-        .values()
-        .filter(|h| {
-            let info = h.info.borrow();
-            !info.no_evict && info.kind == clients::KIND_NORMAL && !h.killed.get()
-        })
-        .cloned()
-        .collect();
-    candidates.sort_by_key(|h| std::cmp::Reverse(h.memory.get()));
-    let mut left = mine;
+    let others_largest = shared
+        .client_memory
+        .iter()
+        .enumerate()
+        .filter(|(t, _)| *t != worker.id)
+        .map(|(_, m)| m[1].load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
+    let mut excess = total - limit;
     for h in candidates {
-        if left <= target {
+        let size = h.memory.get();
+        if excess == 0 || size == 0 || size < others_largest {
             break;
         }
-        left -= h.memory.get();
+        excess = excess.saturating_sub(size);
         shared.evicted_clients.fetch_add(1, Ordering::Relaxed);
         tracing::warn!("Evicting client: {}", h.info.borrow().line(unix_ms()));
         h.kill();

@@ -91,9 +91,9 @@ pub struct Shared {
     /// message because a thread busy in a script takes them from its Lua hook
     /// (`scripting::busy`), where it cannot run its mailbox; taken once per connection.
     pub inbox: Vec<Mutex<Vec<(std::net::TcpStream, bool)>>>,
-    /// Memory held by each thread's client connections (buffers), summed by its
-    /// housekeeping, for `maxmemory-clients` and INFO.
-    pub client_memory: Vec<AtomicUsize>,
+    /// Memory held by each thread's client connections (buffers): the sum, and the
+    /// largest evictable one, refreshed by its housekeeping, for `maxmemory-clients`.
+    pub client_memory: Vec<[AtomicUsize; 2]>,
     /// Clients closed by `maxmemory-clients` (INFO's evicted_clients).
     pub evicted_clients: AtomicU64,
 }
@@ -140,7 +140,7 @@ impl Shared {
             repl: crate::repl::ReplState::default(),
             acl: crate::acl::Acl::new(),
             inbox: (0..nshards).map(|_| Mutex::new(Vec::new())).collect(),
-            client_memory: (0..nshards).map(|_| AtomicUsize::new(0)).collect(),
+            client_memory: (0..nshards).map(|_| Default::default()).collect(),
             evicted_clients: AtomicU64::new(0),
         })
     }
