@@ -26,6 +26,14 @@ struct Subscriber {
     soft_since: std::cell::Cell<Option<u64>>,
 }
 
+/// What a subscription names: a channel, a pattern, or a shard channel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Channel,
+    Pattern,
+    Shard,
+}
+
 /// `client-output-buffer-limit pubsub`: hard bytes, soft bytes, soft seconds.
 #[derive(Clone, Copy)]
 pub struct OutputLimit {
@@ -60,6 +68,8 @@ impl OutputLimit {
 pub struct Registry {
     channels: HashMap<Bytes, Vec<u64>>,
     patterns: HashMap<Bytes, Vec<u64>>,
+    /// Shard channels (SSUBSCRIBE): a namespace of their own, reached by SPUBLISH.
+    shard_channels: HashMap<Bytes, Vec<u64>>,
     subscribers: HashMap<u64, Subscriber>,
 }
 
@@ -82,13 +92,17 @@ impl Registry {
         );
     }
 
-    /// Adds `id` to a channel (or pattern); false if it was there already.
-    pub fn subscribe(&mut self, id: u64, name: &Bytes, pattern: bool) -> bool {
-        let map = if pattern {
-            &mut self.patterns
-        } else {
-            &mut self.channels
-        };
+    fn map_mut(&mut self, kind: Kind) -> &mut HashMap<Bytes, Vec<u64>> {
+        match kind {
+            Kind::Channel => &mut self.channels,
+            Kind::Pattern => &mut self.patterns,
+            Kind::Shard => &mut self.shard_channels,
+        }
+    }
+
+    /// Adds `id` to a channel, pattern or shard channel; false if it was there already.
+    pub fn subscribe(&mut self, id: u64, name: &Bytes, kind: Kind) -> bool {
+        let map = self.map_mut(kind);
         let ids = map.entry(name.clone()).or_default();
         if ids.contains(&id) {
             return false;
@@ -97,12 +111,8 @@ impl Registry {
         true
     }
 
-    pub fn unsubscribe(&mut self, id: u64, name: &Bytes, pattern: bool) -> bool {
-        let map = if pattern {
-            &mut self.patterns
-        } else {
-            &mut self.channels
-        };
+    pub fn unsubscribe(&mut self, id: u64, name: &Bytes, kind: Kind) -> bool {
+        let map = self.map_mut(kind);
         let Some(ids) = map.get_mut(name) else {
             return false;
         };
@@ -121,6 +131,7 @@ impl Registry {
             .iter()
             .map(|(n, ids)| (n, ids, false))
             .chain(self.patterns.iter().map(|(n, ids)| (n, ids, true)))
+            .chain(self.shard_channels.iter().map(|(n, ids)| (n, ids, false)))
     }
 
     pub fn drop_subscriber(&mut self, id: u64) {
@@ -128,8 +139,15 @@ impl Registry {
     }
 
     /// Delivers a message to this thread's subscribers; returns how many received it,
-    /// and the subscribers whose queue is now past `limit` (to be disconnected).
-    pub fn deliver(&self, channel: &[u8], message: &[u8], limit: OutputLimit) -> (usize, Vec<u64>) {
+    /// and the subscribers whose queue is now past `limit` (to be disconnected). A
+    /// shard message (SPUBLISH) goes to shard-channel subscribers only, as `smessage`.
+    pub fn deliver(
+        &self,
+        channel: &[u8],
+        message: &[u8],
+        shard: bool,
+        limit: OutputLimit,
+    ) -> (usize, Vec<u64>) {
         let mut n = 0;
         let mut over = Vec::new();
         let now = crate::shard::unix_ms();
@@ -141,6 +159,20 @@ impl Registry {
                 over.push(id);
             }
         };
+        if shard {
+            for &id in self.shard_channels.get(channel).into_iter().flatten() {
+                if let Some(s) = self.subscribers.get(&id) {
+                    let mut r = Reply::new(s.resp3);
+                    r.push(3);
+                    r.bulk(b"smessage");
+                    r.bulk(channel);
+                    r.bulk(message);
+                    send(id, s, r);
+                    n += 1;
+                }
+            }
+            return (n, over);
+        }
         if let Some(ids) = self.channels.get(channel) {
             for &id in ids {
                 if let Some(s) = self.subscribers.get(&id) {
@@ -174,12 +206,21 @@ impl Registry {
         (n, over)
     }
 
-    pub fn channel_names(&self) -> impl Iterator<Item = &Bytes> {
-        self.channels.keys()
+    pub fn channel_names(&self, shard: bool) -> impl Iterator<Item = &Bytes> {
+        if shard {
+            self.shard_channels.keys()
+        } else {
+            self.channels.keys()
+        }
     }
 
-    pub fn channel_subscribers(&self, channel: &[u8]) -> usize {
-        self.channels.get(channel).map_or(0, |v| v.len())
+    pub fn channel_subscribers(&self, channel: &[u8], shard: bool) -> usize {
+        let map = if shard {
+            &self.shard_channels
+        } else {
+            &self.channels
+        };
+        map.get(channel).map_or(0, |v| v.len())
     }
 
     pub fn pattern_names(&self) -> impl Iterator<Item = &Bytes> {
@@ -190,7 +231,7 @@ impl Registry {
 /// Delivers to this thread's subscribers, and disconnects those whose unsent messages
 /// passed `client-output-buffer-limit pubsub`: a subscriber that stops reading costs no
 /// more than its limit.
-fn deliver_here(worker: &Rc<Worker>, channel: &[u8], message: &[u8]) -> usize {
+fn deliver_here(worker: &Rc<Worker>, channel: &[u8], message: &[u8], shard: bool) -> usize {
     let t = &worker.shared.tunables.obuf_pubsub;
     let limit = OutputLimit {
         hard: t[0].load(Ordering::Relaxed),
@@ -201,7 +242,7 @@ fn deliver_here(worker: &Rc<Worker>, channel: &[u8], message: &[u8]) -> usize {
         .clients
         .borrow()
         .pubsub
-        .deliver(channel, message, limit);
+        .deliver(channel, message, shard, limit);
     if !over.is_empty() {
         let mut clients = worker.clients.borrow_mut();
         for id in over {
@@ -226,13 +267,13 @@ pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
             continue;
         }
         if t == worker.id {
-            here = deliver_here(worker, &channel, &message);
+            here = deliver_here(worker, &channel, &message, false);
         } else {
             let (c, m) = (channel.clone(), message.clone());
             shared.send(
                 t,
                 Box::new(move |w| {
-                    deliver_here(w, &c, &m);
+                    deliver_here(w, &c, &m, false);
                 }),
             );
         }
@@ -240,8 +281,13 @@ pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
     here
 }
 
-/// Publishes and counts the receivers on every thread (PUBLISH).
-pub async fn publish_counted(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
+/// Publishes and counts the receivers on every thread (PUBLISH; SPUBLISH with `shard`).
+pub async fn publish_counted(
+    worker: &Rc<Worker>,
+    channel: Bytes,
+    message: Bytes,
+    shard: bool,
+) -> usize {
     let shared = worker.shared.clone();
     let mut waiting = Vec::new();
     let mut n = 0;
@@ -250,14 +296,14 @@ pub async fn publish_counted(worker: &Rc<Worker>, channel: Bytes, message: Bytes
             continue;
         }
         if t == worker.id {
-            n += deliver_here(worker, &channel, &message);
+            n += deliver_here(worker, &channel, &message, shard);
         } else {
             let (c, m) = (channel.clone(), message.clone());
             let (tx, rx) = tokio::sync::oneshot::channel();
             shared.send(
                 t,
                 Box::new(move |w| {
-                    let _ = tx.send(deliver_here(w, &c, &m));
+                    let _ = tx.send(deliver_here(w, &c, &m, shard));
                 }),
             );
             waiting.push(rx);

@@ -213,3 +213,72 @@ fn string_events_match_redis() {
     }
     assert_eq!(got[0], got[1]);
 }
+
+/// Sharded Pub/Sub (Redis 7): SSUBSCRIBE / SPUBLISH / SUNSUBSCRIBE and PUBSUB
+/// SHARDCHANNELS / SHARDNUMSUB, with shard subscriptions counted apart from channels and
+/// patterns, the same conversation against both servers, in RESP2 and RESP3.
+fn shard_conversation(s: &mut Client, publisher: &mut Client, resp3: bool) -> Vec<Resp> {
+    let mut out = Vec::new();
+    if resp3 {
+        out.push(
+            s.cmd(&["HELLO", "3"])
+                .as_array()
+                .map_or(Resp::Null, |_| Resp::ok()),
+        );
+    }
+    s.send(&["SSUBSCRIBE", "orders", "payments"]);
+    out.push(read(s));
+    out.push(read(s));
+    s.send(&["SUBSCRIBE", "orders"]);
+    out.push(read(s));
+    if !resp3 {
+        // Subscribed mode: only the subscription commands and PING.
+        out.push(s.cmd(&["GET", "k"]));
+    }
+    out.push(publisher.cmd(&["SPUBLISH", "orders", "o1"]));
+    out.push(read(s));
+    out.push(publisher.cmd(&["PUBLISH", "orders", "plain"]));
+    out.push(read(s));
+    out.push(publisher.cmd(&["SPUBLISH", "nobody", "x"]));
+    out.push(publisher.cmd(&["PUBSUB", "SHARDNUMSUB", "orders", "payments", "none"]));
+    // Redis lists channels in its dictionary's order: compare them as sets.
+    out.push(sorted(publisher.cmd(&["PUBSUB", "SHARDCHANNELS"])));
+    out.push(publisher.cmd(&["PUBSUB", "SHARDCHANNELS", "pay*"]));
+    out.push(publisher.cmd(&["PUBSUB", "NUMSUB", "orders"]));
+    out.push(publisher.cmd(&["PUBSUB", "CHANNELS"]));
+    s.send(&["SUNSUBSCRIBE", "orders"]);
+    out.push(read(s));
+    out.push(publisher.cmd(&["SPUBLISH", "orders", "o2"]));
+    s.send(&["SUNSUBSCRIBE"]);
+    out.push(read(s));
+    s.send(&["SUNSUBSCRIBE"]);
+    out.push(read(s));
+    s.send(&["UNSUBSCRIBE"]);
+    out.push(read(s));
+    out.push(s.cmd(&["PING"]));
+    out
+}
+
+fn sorted(r: Resp) -> Resp {
+    match r {
+        Resp::Array(mut v) => {
+            v.sort_by_key(|x| format!("{x:?}"));
+            Resp::Array(v)
+        }
+        other => other,
+    }
+}
+
+#[test]
+fn sharded_pubsub_matches_redis() {
+    for resp3 in [false, true] {
+        let kite = KiteServer::start(&[], 4);
+        let redis = RedisServer::start();
+        let k = shard_conversation(&mut kite.client(), &mut kite.client(), resp3);
+        let r = shard_conversation(&mut redis.client(), &mut redis.client(), resp3);
+        assert_eq!(k.len(), r.len());
+        for (i, (a, b)) in k.iter().zip(&r).enumerate() {
+            assert_eq!(a, b, "resp3={resp3} step {i}: kite {a} vs redis {b}");
+        }
+    }
+}

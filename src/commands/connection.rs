@@ -256,7 +256,7 @@ pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
 /// Whether a client is of a CLIENT LIST / CLIENT KILL `TYPE`.
 fn client_type_is(info: &crate::server::clients::ClientInfo, kind: &str) -> bool {
     use crate::server::clients::{KIND_MASTER, KIND_NORMAL, KIND_REPLICA};
-    let pubsub = info.sub + info.psub > 0;
+    let pubsub = info.sub + info.psub + info.ssub > 0;
     match kind {
         "normal" => info.kind == KIND_NORMAL && !pubsub,
         "pubsub" => info.kind == KIND_NORMAL && pubsub,

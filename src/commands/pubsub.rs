@@ -1,4 +1,5 @@
-//! The Pub/Sub family: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH, PUBSUB.
+//! The Pub/Sub family: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH, the
+//! sharded forms SSUBSCRIBE, SUNSUBSCRIBE, SPUBLISH, and PUBSUB.
 
 use std::sync::atomic::Ordering;
 
@@ -6,6 +7,7 @@ use bytes::Bytes;
 
 use super::util::glob_match;
 use crate::async_handler;
+use crate::pubsub::Kind;
 use crate::server::session::Session;
 use crate::shard::broadcast;
 
@@ -25,10 +27,14 @@ pub fn allowed_while_subscribed(name: &str) -> bool {
     )
 }
 
-fn confirm(sess: &mut Session, kind: &[u8], name: Option<&[u8]>) {
-    let count = sess.subscriptions() as i64;
+fn confirm(sess: &mut Session, kind: Kind, reply: &[u8], name: Option<&[u8]>) {
+    // Shard subscriptions are counted apart from channels and patterns, as in Redis.
+    let count = match kind {
+        Kind::Shard => sess.shard_channels.len(),
+        _ => sess.channels.len() + sess.patterns.len(),
+    } as i64;
     sess.out.push(3);
-    sess.out.bulk(kind);
+    sess.out.bulk(reply);
     match name {
         Some(n) => sess.out.bulk(n),
         None => sess.out.null(),
@@ -36,7 +42,15 @@ fn confirm(sess: &mut Session, kind: &[u8], name: Option<&[u8]>) {
     sess.out.int(count);
 }
 
-fn subscribe_to(sess: &mut Session, names: &[Bytes], pattern: bool) {
+fn list_mut(sess: &mut Session, kind: Kind) -> &mut Vec<Bytes> {
+    match kind {
+        Kind::Channel => &mut sess.channels,
+        Kind::Pattern => &mut sess.patterns,
+        Kind::Shard => &mut sess.shard_channels,
+    }
+}
+
+fn subscribe_to(sess: &mut Session, names: &[Bytes], kind: Kind) {
     let tx = sess.push_sender();
     let id = sess.id;
     let resp3 = sess.out.resp3;
@@ -46,66 +60,50 @@ fn subscribe_to(sess: &mut Session, names: &[Bytes], pattern: bool) {
         .borrow_mut()
         .pubsub
         .set_subscriber(id, tx, resp3, sess.push_queued.clone());
+    let reply: &[u8] = match kind {
+        Kind::Channel => b"subscribe",
+        Kind::Pattern => b"psubscribe",
+        Kind::Shard => b"ssubscribe",
+    };
     for name in names {
-        let added = worker
-            .clients
-            .borrow_mut()
-            .pubsub
-            .subscribe(id, name, pattern);
+        let added = worker.clients.borrow_mut().pubsub.subscribe(id, name, kind);
         if added {
             worker.shared.subscriptions[worker.id].fetch_add(1, Ordering::AcqRel);
-            if pattern {
-                sess.patterns.push(name.clone());
-            } else {
-                sess.channels.push(name.clone());
-            }
+            list_mut(sess, kind).push(name.clone());
         }
-        confirm(
-            sess,
-            if pattern { b"psubscribe" } else { b"subscribe" },
-            Some(name),
-        );
+        confirm(sess, kind, reply, Some(name));
     }
     update_info(sess);
 }
 
-fn unsubscribe_from(sess: &mut Session, names: &[Bytes], pattern: bool, reply: bool) {
+fn unsubscribe_from(sess: &mut Session, names: &[Bytes], kind: Kind, reply: bool) {
     let id = sess.id;
     let worker = sess.worker.clone();
     let names: Vec<Bytes> = if names.is_empty() {
-        let set = if pattern {
-            &sess.patterns
-        } else {
-            &sess.channels
-        };
-        set.to_vec()
+        list_mut(sess, kind).to_vec()
     } else {
         names.to_vec()
     };
-    let kind: &[u8] = if pattern {
-        b"punsubscribe"
-    } else {
-        b"unsubscribe"
+    let verb: &[u8] = match kind {
+        Kind::Channel => b"unsubscribe",
+        Kind::Pattern => b"punsubscribe",
+        Kind::Shard => b"sunsubscribe",
     };
     if names.is_empty() && reply {
-        confirm(sess, kind, None);
+        confirm(sess, kind, verb, None);
     }
     for name in names {
         let removed = worker
             .clients
             .borrow_mut()
             .pubsub
-            .unsubscribe(id, &name, pattern);
+            .unsubscribe(id, &name, kind);
         if removed {
             worker.shared.subscriptions[worker.id].fetch_sub(1, Ordering::AcqRel);
         }
-        if pattern {
-            sess.patterns.retain(|p| *p != name);
-        } else {
-            sess.channels.retain(|c| *c != name);
-        }
+        list_mut(sess, kind).retain(|c| *c != name);
         if reply {
-            confirm(sess, kind, Some(&name));
+            confirm(sess, kind, verb, Some(&name));
         }
     }
     if sess.subscriptions() == 0 {
@@ -118,34 +116,54 @@ fn update_info(sess: &mut Session) {
     let mut info = sess.handle.info.borrow_mut();
     info.sub = sess.channels.len();
     info.psub = sess.patterns.len();
+    info.ssub = sess.shard_channels.len();
 }
 
 /// Drops every subscription of a closing (or RESET) connection.
 pub fn unsubscribe_all(sess: &mut Session) {
     if sess.subscriptions() > 0 {
-        unsubscribe_from(sess, &[], false, false);
-        unsubscribe_from(sess, &[], true, false);
+        unsubscribe_from(sess, &[], Kind::Channel, false);
+        unsubscribe_from(sess, &[], Kind::Pattern, false);
+        unsubscribe_from(sess, &[], Kind::Shard, false);
     }
 }
 
 pub fn subscribe(sess: &mut Session, args: &[Bytes]) {
-    subscribe_to(sess, &args[1..], false);
+    subscribe_to(sess, &args[1..], Kind::Channel);
 }
 
 pub fn psubscribe(sess: &mut Session, args: &[Bytes]) {
-    subscribe_to(sess, &args[1..], true);
+    subscribe_to(sess, &args[1..], Kind::Pattern);
+}
+
+pub fn ssubscribe(sess: &mut Session, args: &[Bytes]) {
+    subscribe_to(sess, &args[1..], Kind::Shard);
 }
 
 pub fn unsubscribe(sess: &mut Session, args: &[Bytes]) {
-    unsubscribe_from(sess, &args[1..], false, true);
+    unsubscribe_from(sess, &args[1..], Kind::Channel, true);
 }
 
 pub fn punsubscribe(sess: &mut Session, args: &[Bytes]) {
-    unsubscribe_from(sess, &args[1..], true, true);
+    unsubscribe_from(sess, &args[1..], Kind::Pattern, true);
 }
 
+pub fn sunsubscribe(sess: &mut Session, args: &[Bytes]) {
+    unsubscribe_from(sess, &args[1..], Kind::Shard, true);
+}
+
+async_handler!(spublish, |sess, args| {
+    let n =
+        crate::pubsub::publish_counted(&sess.worker, args[1].clone(), args[2].clone(), true).await;
+    if !sess.replaying {
+        crate::repl::master::propagate_publish(&sess.worker, &args);
+    }
+    sess.out.int(n as i64);
+});
+
 async_handler!(publish, |sess, args| {
-    let n = crate::pubsub::publish_counted(&sess.worker, args[1].clone(), args[2].clone()).await;
+    let n =
+        crate::pubsub::publish_counted(&sess.worker, args[1].clone(), args[2].clone(), false).await;
     // As Redis does, a master's messages reach its replicas' subscribers through the
     // replication stream (never the AOF).
     if !sess.replaying {
@@ -159,6 +177,8 @@ pub const PUBSUB_SUBCOMMANDS: &[(&str, i32, &str)] = &[
     ("help", 2, "loading stale"),
     ("numpat", 2, "pubsub loading stale"),
     ("numsub", -2, "pubsub loading stale"),
+    ("shardchannels", -2, "pubsub loading stale"),
+    ("shardnumsub", -2, "pubsub loading stale"),
 ];
 
 const PUBSUB_HELP: &[&str] = &[
@@ -169,6 +189,10 @@ const PUBSUB_HELP: &[&str] = &[
     "    How many patterns clients are subscribed to.",
     "NUMSUB [<channel> ...]",
     "    The number of subscribers of each channel.",
+    "SHARDCHANNELS [<pattern>]",
+    "    Shard channels with at least one subscriber, optionally matching a pattern.",
+    "SHARDNUMSUB [<shardchannel> ...]",
+    "    The number of subscribers of each shard channel.",
     "HELP",
     "    Print this help.",
 ];
@@ -176,16 +200,21 @@ const PUBSUB_HELP: &[&str] = &[
 async_handler!(pubsub, |sess, args| {
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match sub.as_str() {
-        "channels" => {
+        "channels" | "shardchannels" => {
+            let shard = sub == "shardchannels";
             if args.len() > 3 {
-                return sess.out.error(&super::arity_error("pubsub|channels"));
+                return sess.out.error(&super::arity_error(if shard {
+                    "pubsub|shardchannels"
+                } else {
+                    "pubsub|channels"
+                }));
             }
             let pattern = args.get(2).cloned();
             let names = broadcast(&sess.worker, move |w| {
                 let clients = w.clients.borrow();
                 clients
                     .pubsub
-                    .channel_names()
+                    .channel_names(shard)
                     .filter(|c| pattern.as_ref().is_none_or(|p| glob_match(p, c, false)))
                     .cloned()
                     .collect::<Vec<_>>()
@@ -199,14 +228,15 @@ async_handler!(pubsub, |sess, args| {
                 sess.out.bulk(&c);
             }
         }
-        "numsub" => {
+        "numsub" | "shardnumsub" => {
+            let shard = sub == "shardnumsub";
             let channels: Vec<Bytes> = args[2..].to_vec();
             let query = channels.clone();
             let counts = broadcast(&sess.worker, move |w| {
                 let clients = w.clients.borrow();
                 query
                     .iter()
-                    .map(|c| clients.pubsub.channel_subscribers(c))
+                    .map(|c| clients.pubsub.channel_subscribers(c, shard))
                     .collect::<Vec<_>>()
             })
             .await;

@@ -86,7 +86,13 @@ fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
         ops_per_sec: sh.ops_per_sec(),
         clients: w.clients.borrow().map.len() as u64,
         blocked: w.clients.borrow().blocked as u64,
-        channels: w.clients.borrow().pubsub.channel_names().cloned().collect(),
+        channels: w
+            .clients
+            .borrow()
+            .pubsub
+            .channel_names(false)
+            .cloned()
+            .collect(),
         patterns: w.clients.borrow().pubsub.pattern_names().cloned().collect(),
         blocking_keys: sh.blocking.keys_count() as u64,
         lock_waits: sh.locks.waited_total,

@@ -255,6 +255,9 @@ pub fn all() -> Vec<Command> {
         c("psubscribe", -2, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Listens for messages on channels matching patterns.", Conn(pubsub::psubscribe)),
         c("punsubscribe", -1, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Stops listening on patterns.", Conn(pubsub::punsubscribe)),
         c("publish", 3, "pubsub loading stale fast may_replicate", NONE, "pubsub", "2.0.0", "Sends a message to a channel's subscribers.", Async(pubsub::publish)),
+        c("ssubscribe", -2, "pubsub noscript loading stale", NONE, "pubsub", "7.0.0", "Listens for messages on shard channels.", Conn(pubsub::ssubscribe)),
+        c("sunsubscribe", -1, "pubsub noscript loading stale", NONE, "pubsub", "7.0.0", "Stops listening on shard channels.", Conn(pubsub::sunsubscribe)),
+        c("spublish", 3, "pubsub loading stale fast may_replicate", NONE, "pubsub", "7.0.0", "Sends a message to a shard channel's subscribers.", Async(pubsub::spublish)),
         with_subcommands(
             c("pubsub", -2, "", NONE, "pubsub", "2.8.0", "Inspects the Pub/Sub state.", Async(pubsub::pubsub)),
             pubsub::PUBSUB_SUBCOMMANDS,

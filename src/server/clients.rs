@@ -32,6 +32,7 @@ pub struct ClientInfo {
     pub blocked: bool,
     pub sub: usize,
     pub psub: usize,
+    pub ssub: usize,
     pub user: std::sync::Arc<str>,
     /// KIND_NORMAL, or a replication link (CLIENT LIST flags S and M, CLIENT KILL TYPE).
     pub kind: u8,
@@ -65,6 +66,7 @@ impl ClientInfo {
             blocked: false,
             sub: 0,
             psub: 0,
+            ssub: 0,
             user: "default".into(),
             kind: KIND_NORMAL,
         }
@@ -89,7 +91,7 @@ impl ClientInfo {
         if self.blocked {
             flags.push('b');
         }
-        if self.sub + self.psub > 0 {
+        if self.sub + self.psub + self.ssub > 0 {
             flags.push('P');
         }
         if self.no_evict {
@@ -102,7 +104,7 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub=0 multi={} watch={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} watch={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -114,6 +116,7 @@ impl ClientInfo {
             self.db,
             self.sub,
             self.psub,
+            self.ssub,
             self.multi,
             self.watch,
             self.last_cmd,

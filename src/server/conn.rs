@@ -205,6 +205,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         obuf_soft_since: Default::default(),
         monitoring: false,
         channels: Default::default(),
+        shard_channels: Default::default(),
         patterns: Default::default(),
         stream: Some(Rc::new(stream)),
         stash: BytesMut::new(),

@@ -308,7 +308,7 @@ fn close_idle_clients(worker: &Rc<Worker>) {
         let info = h.info.borrow();
         // As in Redis: subscribers, blocked clients and replication links stay.
         let exempt = info.multi >= 0
-            || info.sub + info.psub > 0
+            || info.sub + info.psub + info.ssub > 0
             || h.blocked.get()
             || info.kind != clients::KIND_NORMAL;
         drop(info);

@@ -54,6 +54,8 @@ pub struct Session {
     /// order (UNSUBSCRIBE without arguments answers in that order).
     pub channels: Vec<Bytes>,
     pub patterns: Vec<Bytes>,
+    /// Shard channels (SSUBSCRIBE), counted apart from the others as Redis counts them.
+    pub shard_channels: Vec<Bytes>,
     /// The socket, shared so a blocked command can notice the client leaving.
     /// None for the AOF replay at start-up, which has no client.
     pub stream: Option<Rc<crate::net::Stream>>,
@@ -106,6 +108,7 @@ impl Session {
             obuf_soft_since: Default::default(),
             monitoring: false,
             channels: Vec::new(),
+            shard_channels: Vec::new(),
             patterns: Vec::new(),
             stream: None,
             stash: bytes::BytesMut::new(),
@@ -191,8 +194,10 @@ impl Session {
         tx
     }
 
+    /// Every subscription, shard channels included (what puts a RESP2 connection in
+    /// subscribed mode).
     pub fn subscriptions(&self) -> usize {
-        self.channels.len() + self.patterns.len()
+        self.channels.len() + self.patterns.len() + self.shard_channels.len()
     }
 
     pub fn set_db(&mut self, db: usize) {
