@@ -159,32 +159,24 @@ impl Registry {
                 over.push(id);
             }
         };
-        if shard {
-            for &id in self.shard_channels.get(channel).into_iter().flatten() {
-                if let Some(s) = self.subscribers.get(&id) {
-                    let mut r = Reply::new(s.resp3);
-                    r.push(3);
-                    r.bulk(b"smessage");
-                    r.bulk(channel);
-                    r.bulk(message);
-                    send(id, s, r);
-                    n += 1;
-                }
+        let (map, kind): (_, &[u8]) = if shard {
+            (&self.shard_channels, b"smessage")
+        } else {
+            (&self.channels, b"message")
+        };
+        for &id in map.get(channel).into_iter().flatten() {
+            if let Some(s) = self.subscribers.get(&id) {
+                let mut r = Reply::new(s.resp3);
+                r.push(3);
+                r.bulk(kind);
+                r.bulk(channel);
+                r.bulk(message);
+                send(id, s, r);
+                n += 1;
             }
-            return (n, over);
         }
-        if let Some(ids) = self.channels.get(channel) {
-            for &id in ids {
-                if let Some(s) = self.subscribers.get(&id) {
-                    let mut r = Reply::new(s.resp3);
-                    r.push(3);
-                    r.bulk(b"message");
-                    r.bulk(channel);
-                    r.bulk(message);
-                    send(id, s, r);
-                    n += 1;
-                }
-            }
+        if shard {
+            return (n, over);
         }
         for (pattern, ids) in &self.patterns {
             if !glob_match(pattern, channel, false) {

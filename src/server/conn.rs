@@ -404,7 +404,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             rbuf.capacity()
                 + sess.out.buf.capacity()
                 + sess.push_queued.get()
-                + parser_bytes(parser),
+                + parser.held_bytes(),
         );
         // Nothing half-read and nothing owed: a busy script's hook may answer for us.
         sess.handle.idle_read.set(
@@ -553,11 +553,6 @@ async fn absorb_hook_io(sess: &mut Session, rbuf: &mut BytesMut) -> bool {
     let input = std::mem::take(&mut *sess.handle.hook_in.borrow_mut());
     rbuf.extend_from_slice(&input);
     true
-}
-
-/// Bytes a parser holds of an argument it is still reading.
-fn parser_bytes(parser: &RequestParser) -> usize {
-    parser.held_bytes()
 }
 
 async fn next_push(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>) -> Option<Bytes> {

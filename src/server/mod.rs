@@ -239,18 +239,19 @@ fn active_expire(worker: &Rc<Worker>, now: u64) {
 fn evict_clients(worker: &Rc<Worker>) {
     let shared = &worker.shared;
     let clients = worker.clients.borrow();
-    let mut candidates: Vec<_> = clients
-        .map
-        .values()
-        .filter(|h| {
-            let info = h.info.borrow();
-            !info.no_evict && info.kind == clients::KIND_NORMAL && !h.killed.get()
-        })
-        .cloned()
-        .collect();
-    candidates.sort_by_key(|h| std::cmp::Reverse(h.memory.get()));
-    let mine: usize = clients.map.values().map(|h| h.memory.get()).sum();
-    let largest = candidates.first().map_or(0, |h| h.memory.get());
+    let evictable = |h: &clients::ClientHandle| {
+        let info = h.info.borrow();
+        !info.no_evict && info.kind == clients::KIND_NORMAL && !h.killed.get()
+    };
+    // One pass for the figures every tick; candidates are sorted only past the limit.
+    let (mut mine, mut largest) = (0usize, 0usize);
+    for h in clients.map.values() {
+        let m = h.memory.get();
+        mine += m;
+        if m > largest && evictable(h) {
+            largest = m;
+        }
+    }
     let slots = &shared.client_memory[worker.id];
     slots[0].store(mine, Ordering::Relaxed);
     slots[1].store(largest, Ordering::Relaxed);
@@ -283,6 +284,13 @@ fn evict_clients(worker: &Rc<Worker>) {
         .map(|(_, m)| m[1].load(Ordering::Relaxed))
         .max()
         .unwrap_or(0);
+    let mut candidates: Vec<_> = clients
+        .map
+        .values()
+        .filter(|h| evictable(h))
+        .cloned()
+        .collect();
+    candidates.sort_by_key(|h| std::cmp::Reverse(h.memory.get()));
     let mut excess = total - limit;
     for h in candidates {
         let size = h.memory.get();
