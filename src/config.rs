@@ -959,6 +959,7 @@ pub struct Tunables {
     /// `maxmemory-clients`: bytes, or a percentage of maxmemory when `..._percent`.
     pub maxmemory_clients: AtomicU64,
     pub maxmemory_clients_percent: AtomicBool,
+    pub hll_sparse_max_bytes: AtomicUsize,
 }
 
 impl Tunables {
@@ -978,6 +979,7 @@ impl Tunables {
             obuf_normal: Default::default(),
             obuf_pubsub: Default::default(),
             query_buffer_limit: AtomicUsize::new(1 << 30),
+            hll_sparse_max_bytes: AtomicUsize::new(3000),
             protected_mode: AtomicBool::new(true),
             maxmemory_clients: AtomicU64::new(0),
             maxmemory_clients_percent: AtomicBool::new(false),
@@ -1014,6 +1016,8 @@ impl Tunables {
         self.query_buffer_limit
             .store(c.get_i64("client-query-buffer-limit") as usize, r);
         self.protected_mode.store(c.get_bool("protected-mode"), r);
+        self.hll_sparse_max_bytes
+            .store(c.get_i64("hll-sparse-max-bytes") as usize, r);
         let mc = c.get("maxmemory-clients");
         match mc.strip_suffix('%') {
             Some(p) => {

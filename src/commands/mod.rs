@@ -3,6 +3,7 @@
 pub mod acl;
 pub mod connection;
 pub mod hashes;
+pub mod hyperloglog;
 pub mod keys;
 pub mod lists;
 pub mod persistence;

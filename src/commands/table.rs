@@ -4,8 +4,8 @@
 use bytes::Bytes;
 
 use super::{
-    acl, connection as conn, hashes, keys, lists, persistence, pubsub, replication, scripting,
-    server, sets, streams, strings, transactions as tx, zsets,
+    acl, connection as conn, hashes, hyperloglog as hll, keys, lists, persistence, pubsub,
+    replication, scripting, server, sets, streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -278,6 +278,12 @@ pub fn all() -> Vec<Command> {
         c("hincrby", 4, "write denyoom fast", K1, "hash", "2.0.0", "Adds an integer to a hash field.", Shard(hashes::hincrby)),
         c("hincrbyfloat", 4, "write denyoom fast", K1, "hash", "2.6.0", "Adds a floating point number to a hash field.", Shard(hashes::hincrbyfloat)),
         c("hrandfield", -2, "readonly", K1, "hash", "6.2.0", "Returns random fields of a hash, optionally with values.", Shard(hashes::hrandfield)),
+        // HyperLogLog
+        c("pfadd", -2, "write denyoom fast", K1, "hyperloglog", "2.8.9", "Adds elements to a HyperLogLog, creating it when missing.", Shard(hll::pfadd)),
+        c("pfcount", -2, "readonly may_replicate", KALL, "hyperloglog", "2.8.9", "Estimates the number of distinct elements added to one or more HyperLogLogs.", Multi(hll::pfcount, hll::pfcount_cross)),
+        c("pfmerge", -2, "write denyoom", KALL, "hyperloglog", "2.8.9", "Merges HyperLogLogs into a destination.", Multi(hll::pfmerge, hll::pfmerge_cross)),
+        c("pfdebug", 3, "write denyoom admin", Keys::Range(2, 2, 1), "hyperloglog", "2.8.9", "Internal commands for debugging HyperLogLog values.", Shard(hll::pfdebug)),
+        c("pfselftest", 1, "admin", NONE, "hyperloglog", "2.8.9", "Runs the HyperLogLog self test.", Conn(hll::pfselftest)),
         c("hscan", -3, "readonly", K1, "hash", "2.8.0", "Iterates over the fields and values of a hash with a cursor.", Shard(hashes::hscan)),
         // Sets
         c("sadd", -3, "write denyoom fast", K1, "set", "1.0.0", "Adds members to a set.", Shard(sets::sadd)),

@@ -1,6 +1,7 @@
 //! The data structures behind the command families.
 
 pub mod hash;
+pub mod hll;
 pub mod list;
 pub mod longdouble;
 pub mod set;
