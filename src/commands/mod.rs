@@ -2,6 +2,7 @@
 
 pub mod acl;
 pub mod connection;
+pub mod geo;
 pub mod hashes;
 pub mod hyperloglog;
 pub mod keys;

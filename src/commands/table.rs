@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{
-    acl, connection as conn, hashes, hyperloglog as hll, keys, lists, persistence, pubsub,
+    acl, connection as conn, geo, hashes, hyperloglog as hll, keys, lists, persistence, pubsub,
     replication, scripting, server, sets, streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
@@ -49,6 +49,7 @@ const KPAIRS: Keys = Keys::Range(1, -1, 2);
 /// Every argument but the last (BLPOP key... timeout).
 const KBUTLAST: Keys = Keys::Range(1, -2, 1);
 
+const GEORADIUS_KEYS: Keys = Keys::Custom(geo::georadius_keys, (1, 1, 1));
 const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (3, 3, 1));
 
 const ACL_SUBCOMMANDS: &[(&str, i32, &str)] = &[
@@ -278,6 +279,17 @@ pub fn all() -> Vec<Command> {
         c("hincrby", 4, "write denyoom fast", K1, "hash", "2.0.0", "Adds an integer to a hash field.", Shard(hashes::hincrby)),
         c("hincrbyfloat", 4, "write denyoom fast", K1, "hash", "2.6.0", "Adds a floating point number to a hash field.", Shard(hashes::hincrbyfloat)),
         c("hrandfield", -2, "readonly", K1, "hash", "6.2.0", "Returns random fields of a hash, optionally with values.", Shard(hashes::hrandfield)),
+        // Geo
+        c("geoadd", -5, "write denyoom", K1, "geo", "3.2.0", "Adds members with their longitude and latitude to a sorted set.", Shard(geo::geoadd)),
+        c("geodist", -4, "readonly", K1, "geo", "3.2.0", "Returns the distance between two members.", Shard(geo::geodist)),
+        c("geohash", -2, "readonly", K1, "geo", "3.2.0", "Returns members' positions as geohash strings.", Shard(geo::geohash)),
+        c("geopos", -2, "readonly", K1, "geo", "3.2.0", "Returns members' longitude and latitude.", Shard(geo::geopos)),
+        c("georadius", -6, "write denyoom", GEORADIUS_KEYS, "geo", "3.2.0", "Finds members within a radius of a point, optionally storing them.", Multi(geo::georadius, geo::georadius_cross)),
+        c("georadius_ro", -6, "readonly", K1, "geo", "3.2.10", "Finds members within a radius of a point.", Shard(geo::georadius_ro)),
+        c("georadiusbymember", -5, "write denyoom", GEORADIUS_KEYS, "geo", "3.2.0", "Finds members within a radius of a member, optionally storing them.", Multi(geo::georadiusbymember, geo::georadiusbymember_cross)),
+        c("georadiusbymember_ro", -5, "readonly", K1, "geo", "3.2.10", "Finds members within a radius of a member.", Shard(geo::georadiusbymember_ro)),
+        c("geosearch", -7, "readonly", K1, "geo", "6.2.0", "Finds members within a circle or a box.", Shard(geo::geosearch)),
+        c("geosearchstore", -8, "write denyoom", K12, "geo", "6.2.0", "Finds members within a circle or a box and stores them.", Multi(geo::geosearchstore, geo::geosearchstore_cross)),
         // HyperLogLog
         c("pfadd", -2, "write denyoom fast", K1, "hyperloglog", "2.8.9", "Adds elements to a HyperLogLog, creating it when missing.", Shard(hll::pfadd)),
         c("pfcount", -2, "readonly may_replicate", KALL, "hyperloglog", "2.8.9", "Estimates the number of distinct elements added to one or more HyperLogLogs.", Multi(hll::pfcount, hll::pfcount_cross)),

@@ -1,5 +1,6 @@
 //! The data structures behind the command families.
 
+pub mod geohash;
 pub mod hash;
 pub mod hll;
 pub mod list;
