@@ -13,6 +13,7 @@ pub mod replication;
 pub mod scripting;
 pub mod server;
 pub mod sets;
+pub mod sort;
 pub mod streams;
 pub mod strings;
 pub mod table;
@@ -138,6 +139,9 @@ pub struct Command {
     /// For blocking commands: how they block. Inside MULTI (and scripts) they run their
     /// handler instead, which never blocks.
     pub block: Option<BlockSpecFn>,
+    /// For commands that read keys no argument names (SORT's BY and GET patterns): true
+    /// when this call does, so it runs on the multi-shard path with every shard held.
+    pub spreads: Option<fn(&[Bytes]) -> bool>,
 }
 
 /// Parses a blocking command into what the blocking machinery needs; None when this call
@@ -277,6 +281,11 @@ pub enum Route {
 
 /// Finds the shard(s) of a command's keys.
 pub fn route(sess: &Session, cmd: &Command, args: &[Bytes]) -> Route {
+    if let Some(spreads) = cmd.spreads {
+        if sess.worker.nshards() > 1 && spreads(args) {
+            return Route::Spread;
+        }
+    }
     if let Keys::Range(first, last, _) = cmd.keys {
         if first == last && (first as usize) < args.len() {
             return Route::Shard(sess.worker.shard_of(&args[first as usize]));
@@ -645,7 +654,8 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                     .into_iter()
                     .map(|i| args[i].clone())
                     .collect();
-                let tx = Tx::lock_keys(&sess.worker, &keys, false).await;
+                let whole = cmd.spreads.is_some_and(|f| f(&args));
+                let tx = Tx::lock_keys(&sess.worker, &keys, whole).await;
                 let kept = args.clone();
                 let db = sess.db;
                 tx.logged(db, &kept, cross(sess, args, &tx)).await;

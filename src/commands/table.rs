@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use super::{
     acl, connection as conn, geo, hashes, hyperloglog as hll, keys, lists, persistence, pubsub,
-    replication, scripting, server, sets, streams, strings, transactions as tx, zsets,
+    replication, scripting, server, sets, sort, streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -33,7 +33,13 @@ fn c(
         handler,
         subcommands: &[],
         block: None,
+        spreads: None,
     }
+}
+
+fn spreading(mut cmd: Command, f: fn(&[Bytes]) -> bool) -> Command {
+    cmd.spreads = Some(f);
+    cmd
 }
 
 fn blocking(mut cmd: Command, spec: super::BlockSpecFn) -> Command {
@@ -50,6 +56,7 @@ const KPAIRS: Keys = Keys::Range(1, -1, 2);
 const KBUTLAST: Keys = Keys::Range(1, -2, 1);
 
 const GEORADIUS_KEYS: Keys = Keys::Custom(geo::georadius_keys, (1, 1, 1));
+const SORT_KEYS: Keys = Keys::Custom(sort::sort_keys, (1, 1, 1));
 const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (3, 3, 1));
 
 const ACL_SUBCOMMANDS: &[(&str, i32, &str)] = &[
@@ -279,6 +286,9 @@ pub fn all() -> Vec<Command> {
         c("hincrby", 4, "write denyoom fast", K1, "hash", "2.0.0", "Adds an integer to a hash field.", Shard(hashes::hincrby)),
         c("hincrbyfloat", 4, "write denyoom fast", K1, "hash", "2.6.0", "Adds a floating point number to a hash field.", Shard(hashes::hincrbyfloat)),
         c("hrandfield", -2, "readonly", K1, "hash", "6.2.0", "Returns random fields of a hash, optionally with values.", Shard(hashes::hrandfield)),
+        // SORT
+        spreading(c("sort", -2, "write denyoom", SORT_KEYS, "generic", "1.0.0", "Sorts the elements of a list, set or sorted set, optionally storing the result.", Multi(sort::sort, sort::sort_cross)), sort::spreads),
+        spreading(c("sort_ro", -2, "readonly", K1, "generic", "7.0.0", "Sorts the elements of a list, set or sorted set.", Multi(sort::sort, sort::sort_cross)), sort::spreads),
         // Geo
         c("geoadd", -5, "write denyoom", K1, "geo", "3.2.0", "Adds members with their longitude and latitude to a sorted set.", Shard(geo::geoadd)),
         c("geodist", -4, "readonly", K1, "geo", "3.2.0", "Returns the distance between two members.", Shard(geo::geodist)),

@@ -156,6 +156,11 @@ fn plan(
         match cmd.handler {
             Handler::Shard(_) | Handler::Multi(..) => {
                 keys.extend(cmd.key_positions(args).into_iter().map(|i| args[i].clone()));
+                // SORT ... BY / GET: keys its patterns name may be anywhere.
+                if cmd.spreads.is_some_and(|f| f(args)) && sess.worker.nshards() > 1 {
+                    only_keyed = false;
+                    all_shards = true;
+                }
             }
             Handler::Conn(_) => only_keyed = false,
             // Commands that read or write the whole keyspace see it whole.

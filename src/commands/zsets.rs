@@ -46,6 +46,16 @@ fn is_c_space(c: u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
+/// A number as `strtod` reads a whole string (leading spaces allowed, nothing after):
+/// None for anything else, NaN, or a value out of range.
+pub fn parse_c_double(s: &[u8]) -> Option<f64> {
+    let start = s.iter().position(|&c| !is_c_space(c))?;
+    match strtod_literal(&s[start..])? {
+        (v, false) if !v.is_nan() => Some(v),
+        _ => None,
+    }
+}
+
 /// A literal `strtod` consumes whole: decimal or hexadecimal (`0x1.8p3`) with an optional
 /// sign, `inf`, `infinity`, `nan`. Returns the value and whether it overflowed to an
 /// infinity or underflowed to zero (strtod's ERANGE cases that Redis refuses).

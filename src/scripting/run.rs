@@ -59,6 +59,11 @@ thread_local! {
     static RUN: RefCell<Option<Running>> = const { RefCell::new(None) };
 }
 
+/// Whether a script is running on this thread (its `redis.call` holds `RUN` borrowed).
+pub fn in_script() -> bool {
+    RUN.with(|r| r.try_borrow().map_or(true, |g| g.is_some()))
+}
+
 /// What the connection's thread gets back from a script run.
 pub struct Outcome {
     pub reply: Reply,
