@@ -38,6 +38,13 @@ fn send_batch(shared: &Shared, shard: usize, batch: Vec<Item>) {
             for (db, key, value, expire_at, idle) in batch {
                 let lru = now_lru.saturating_sub(idle.unwrap_or(0).min(u32::MAX as u64) as u32);
                 sh.dbs[db].table.insert(&key, value, expire_at, lru);
+                // A replica's readers (XREAD BLOCK) may wait on keys a full sync brings.
+                sh.blocking.mark_ready(db, &key);
+            }
+            let ready = sh.blocking.has_ready();
+            drop(sh);
+            if ready {
+                crate::shard::after_command(w);
             }
         }),
     );

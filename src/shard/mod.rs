@@ -769,10 +769,11 @@ impl ExecCtx<'_> {
             .insert(key, value, expire_at, lru);
         if old.is_none() {
             self.shard.event(self.db, b'n', "new", key);
-        } else {
-            // A value replaced by another: readers blocked on the old one re-check it.
-            self.shard.blocking.mark_ready(self.db, key);
         }
+        // The one place keys are created or replaced: whatever made it (a push, RENAME,
+        // COPY, MOVE, RESTORE, a STORE, a script, the master's stream), clients blocked
+        // on it re-check it when the command ends.
+        self.shard.blocking.mark_ready(self.db, key);
         self.shard.modified(self.db, key);
     }
 
