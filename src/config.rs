@@ -370,7 +370,14 @@ pub static PARAMS: &[Param] = &[
         true,
         false,
     ),
-    p("hll-sparse-max-bytes", Kind::Memory, "3000", true, false),
+    p("hll-sparse-max-bytes", Kind::Memory, "3000", true, true),
+    p(
+        "tracking-table-max-keys",
+        Kind::Int(0, I64MAX),
+        "1000000",
+        true,
+        true,
+    ),
     p("stream-node-max-bytes", Kind::Memory, "4096", true, false),
     p(
         "stream-node-max-entries",
@@ -960,6 +967,7 @@ pub struct Tunables {
     pub maxmemory_clients: AtomicU64,
     pub maxmemory_clients_percent: AtomicBool,
     pub hll_sparse_max_bytes: AtomicUsize,
+    pub tracking_table_max_keys: AtomicUsize,
 }
 
 impl Tunables {
@@ -980,6 +988,7 @@ impl Tunables {
             obuf_pubsub: Default::default(),
             query_buffer_limit: AtomicUsize::new(1 << 30),
             hll_sparse_max_bytes: AtomicUsize::new(3000),
+            tracking_table_max_keys: AtomicUsize::new(1_000_000),
             protected_mode: AtomicBool::new(true),
             maxmemory_clients: AtomicU64::new(0),
             maxmemory_clients_percent: AtomicBool::new(false),
@@ -1018,6 +1027,8 @@ impl Tunables {
         self.protected_mode.store(c.get_bool("protected-mode"), r);
         self.hll_sparse_max_bytes
             .store(c.get_i64("hll-sparse-max-bytes") as usize, r);
+        self.tracking_table_max_keys
+            .store(c.get_i64("tracking-table-max-keys") as usize, r);
         let mc = c.get("maxmemory-clients");
         match mc.strip_suffix('%') {
             Some(p) => {

@@ -18,4 +18,5 @@ pub mod repl;
 pub mod scripting;
 pub mod server;
 pub mod shard;
+pub mod tracking;
 pub mod types;

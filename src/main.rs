@@ -279,6 +279,7 @@ fn main() {
         }
     };
     let shared = Arc::new(Shared {
+        tracking: Default::default(),
         placement: Placement::new(threads, rr_prefix).with_queue_prefixes(
             config
                 .get("queue-key-prefixes")

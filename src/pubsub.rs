@@ -134,6 +134,18 @@ impl Registry {
             .chain(self.shard_channels.iter().map(|(n, ids)| (n, ids, false)))
     }
 
+    /// Queues a message built for connection `id`'s protocol, if it is a subscriber
+    /// (CLIENT TRACKING's redirect target).
+    pub fn push_to(&self, id: u64, build: impl FnOnce(bool) -> Reply) -> bool {
+        let Some(s) = self.subscribers.get(&id) else {
+            return false;
+        };
+        let r = build(s.resp3);
+        s.queued.set(s.queued.get() + r.buf.len());
+        let _ = s.tx.send(r.buf.freeze());
+        true
+    }
+
     pub fn drop_subscriber(&mut self, id: u64) {
         self.subscribers.remove(&id);
     }

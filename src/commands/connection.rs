@@ -41,6 +41,7 @@ pub fn quit(sess: &mut Session, _args: &[Bytes]) {
 }
 
 pub fn reset(sess: &mut Session, _args: &[Bytes]) {
+    disable_tracking(sess);
     sess.multi = None;
     super::transactions::unwatch_all(sess);
     super::pubsub::unsubscribe_all(sess);
@@ -136,6 +137,9 @@ pub fn hello(sess: &mut Session, args: &[Bytes]) {
         sess.handle.info.borrow_mut().name = n.to_vec();
     }
     sess.out.resp3 = proto == 3;
+    if let Some(t) = sess.worker.clients.borrow_mut().trackers.get_mut(&sess.id) {
+        t.resp3 = proto == 3;
+    }
     sess.handle.info.borrow_mut().resp = proto as u8;
     sess.out.map(7);
     sess.out.bulk(b"server");
@@ -167,6 +171,7 @@ fn valid_name(name: &[u8], what: &str) -> Result<(), String> {
 }
 
 pub const CLIENT_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("caching", 3, "noscript loading stale"),
     ("getname", 2, "noscript loading stale"),
     ("getredir", 2, "noscript loading stale"),
     ("help", 2, "loading stale"),
@@ -180,14 +185,20 @@ pub const CLIENT_SUBCOMMANDS: &[(&str, i32, &str)] = &[
     ("reply", 3, "noscript loading stale"),
     ("setinfo", 4, "noscript loading stale"),
     ("setname", 3, "noscript loading stale"),
+    ("tracking", -3, "noscript loading stale"),
+    ("trackinginfo", 2, "noscript loading stale"),
     ("unblock", -3, "admin noscript loading stale"),
     ("unpause", 2, "admin noscript loading stale"),
 ];
 
 const CLIENT_HELP: &[&str] = &[
     "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "CACHING (YES|NO)",
+    "    With OPTIN or OPTOUT tracking: whether the next command's keys are tracked.",
     "GETNAME",
     "    The name of this connection.",
+    "GETREDIR",
+    "    The client ID invalidations are redirected to (-1 when not tracking).",
     "ID",
     "    The id of this connection.",
     "INFO",
@@ -208,6 +219,10 @@ const CLIENT_HELP: &[&str] = &[
     "    Records the client library's name or version.",
     "SETNAME <name>",
     "    Names this connection.",
+    "TRACKING (ON|OFF) [REDIRECT <id>] [BCAST] [PREFIX <prefix> [...]] [OPTIN] [OPTOUT] [NOLOOP]",
+    "    Client-side caching: be told when keys this connection read change.",
+    "TRACKINGINFO",
+    "    This connection's tracking state.",
     "UNBLOCK <id> [TIMEOUT|ERROR]",
     "    Releases a client blocked in a blocking command.",
     "UNPAUSE",
@@ -574,7 +589,13 @@ async_handler!(client, |sess, args| {
             .await;
             sess.out.int(found.iter().sum::<i64>());
         }
-        "getredir" => sess.out.int(-1),
+        "tracking" => tracking(sess, &args).await,
+        "caching" => caching(sess, &args[2]),
+        "getredir" => {
+            let r = sess.handle.info.borrow().redir;
+            sess.out.int(r);
+        }
+        "trackinginfo" => tracking_info(sess),
         "help" => {
             sess.out.array(CLIENT_HELP.len());
             for line in CLIENT_HELP {
@@ -584,3 +605,273 @@ async_handler!(client, |sess, args| {
         _ => unreachable!("subcommands are checked before dispatch"),
     }
 });
+
+// ---------------------------------------------------------------------------------------
+// CLIENT TRACKING (docs/tracking.md)
+// ---------------------------------------------------------------------------------------
+
+async fn tracking(sess: &mut Session, args: &[Bytes]) {
+    let (mut redirect, mut bcast, mut optin, mut optout, mut noloop) =
+        (0u64, false, false, false, false);
+    let mut prefixes: Vec<Bytes> = Vec::new();
+    let mut j = 3;
+    while j < args.len() {
+        let more = j + 1 < args.len();
+        let a = &args[j];
+        if eq_ci(a, "redirect") && more {
+            j += 1;
+            if redirect != 0 {
+                return sess.error("ERR A client can only redirect to a single other client");
+            }
+            let id = match parse_i64(&args[j]) {
+                Ok(v) => v,
+                Err(e) => return sess.error(e),
+            };
+            redirect = id.max(0) as u64;
+            if id <= 0
+                || crate::tracking::thread_of(&sess.worker, redirect)
+                    .await
+                    .is_none()
+            {
+                return sess.error("ERR The client ID you want redirect to does not exist");
+            }
+        } else if eq_ci(a, "bcast") {
+            bcast = true;
+        } else if eq_ci(a, "optin") {
+            optin = true;
+        } else if eq_ci(a, "optout") {
+            optout = true;
+        } else if eq_ci(a, "noloop") {
+            noloop = true;
+        } else if eq_ci(a, "prefix") && more {
+            j += 1;
+            prefixes.push(args[j].clone());
+        } else {
+            return sess.error(SYNTAX_ERR);
+        }
+        j += 1;
+    }
+    if eq_ci(&args[2], "off") {
+        disable_tracking(sess);
+        return sess.out.ok();
+    }
+    if !eq_ci(&args[2], "on") {
+        return sess.error(SYNTAX_ERR);
+    }
+    if !bcast && !prefixes.is_empty() {
+        return sess.error("ERR PREFIX option requires BCAST mode to be enabled");
+    }
+    let old = {
+        let clients = sess.worker.clients.borrow();
+        clients
+            .trackers
+            .get(&sess.id)
+            .map(|t| (t.bcast, t.optin, t.optout, t.prefixes.clone()))
+    };
+    if let Some((old_bcast, _, _, _)) = &old {
+        if *old_bcast != bcast {
+            return sess.error("ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.");
+        }
+    }
+    if bcast && (optin || optout) {
+        return sess.error("ERR OPTIN and OPTOUT are not compatible with BCAST");
+    }
+    if optin && optout {
+        return sess.error("ERR You can't specify both OPTIN mode and OPTOUT mode");
+    }
+    if let Some((_, old_in, old_out, _)) = &old {
+        if (optin && *old_out) || (optout && *old_in) {
+            return sess.error("ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.");
+        }
+    }
+    let mut all_prefixes = old.map(|o| o.3).unwrap_or_default();
+    if bcast {
+        if let Err(e) = check_prefixes(&all_prefixes, &prefixes) {
+            return sess.error(&e);
+        }
+        if prefixes.is_empty() && all_prefixes.is_empty() {
+            prefixes.push(Bytes::new());
+        }
+        for p in prefixes {
+            if !all_prefixes.contains(&p) {
+                all_prefixes.push(p);
+            }
+        }
+    }
+    let redirect_thread = if redirect != 0 {
+        crate::tracking::thread_of(&sess.worker, redirect)
+            .await
+            .unwrap_or(sess.worker.id)
+    } else {
+        0
+    };
+    let push = sess.push_sender();
+    let newly = !sess.tracking;
+    sess.tracking = true;
+    let id = sess.id;
+    {
+        let mut clients = sess.worker.clients.borrow_mut();
+        clients.trackers.insert(
+            id,
+            crate::tracking::Tracker {
+                push,
+                queued: sess.push_queued.clone(),
+                resp3: sess.out.resp3,
+                bcast,
+                optin,
+                optout,
+                noloop,
+                redirect,
+                redirect_thread,
+                broken: false,
+                prefixes: all_prefixes.clone(),
+            },
+        );
+    }
+    if newly {
+        sess.worker
+            .shared
+            .tracking
+            .clients
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+    if bcast {
+        let entries = all_prefixes
+            .iter()
+            .map(|p| crate::tracking::Bcast {
+                prefix: p.clone(),
+                id,
+                thread: sess.worker.id,
+                noloop,
+            })
+            .collect();
+        sess.worker.shared.tracking.set_bcast(id, entries);
+    }
+    {
+        let mut info = sess.handle.info.borrow_mut();
+        info.tracking = true;
+        info.tracking_bcast = bcast;
+        info.tracking_broken = false;
+        info.redir = redirect as i64;
+    }
+    sess.out.ok();
+}
+
+/// Redis refuses prefixes that overlap each other or the client's current ones.
+fn check_prefixes(current: &[Bytes], new: &[Bytes]) -> Result<(), String> {
+    let overlap = |a: &[u8], b: &[u8]| a.starts_with(b) || b.starts_with(a);
+    for (i, p) in new.iter().enumerate() {
+        if let Some(c) = current.iter().find(|c| overlap(c, p)) {
+            return Err(format!(
+                "ERR Prefix '{}' overlaps with an existing prefix '{}'. Prefixes for a single client must not overlap.",
+                String::from_utf8_lossy(p),
+                String::from_utf8_lossy(c)
+            ));
+        }
+        if let Some(q) = new[i + 1..].iter().find(|q| overlap(p, q)) {
+            return Err(format!(
+                "ERR Prefix '{}' overlaps with another provided prefix '{}'. Prefixes for a single client must not overlap.",
+                String::from_utf8_lossy(p),
+                String::from_utf8_lossy(q)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Turns tracking off (CLIENT TRACKING OFF, RESET, a closing connection).
+pub fn disable_tracking(sess: &mut Session) {
+    if !sess.tracking {
+        return;
+    }
+    sess.tracking = false;
+    sess.caching = false;
+    let t = sess.worker.clients.borrow_mut().trackers.remove(&sess.id);
+    if t.is_some_and(|t| t.bcast) {
+        sess.worker.shared.tracking.set_bcast(sess.id, Vec::new());
+    }
+    sess.worker
+        .shared
+        .tracking
+        .clients
+        .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    let mut info = sess.handle.info.borrow_mut();
+    info.tracking = false;
+    info.tracking_bcast = false;
+    info.tracking_broken = false;
+    info.redir = -1;
+}
+
+fn caching(sess: &mut Session, arg: &[u8]) {
+    let modes = {
+        let clients = sess.worker.clients.borrow();
+        clients.trackers.get(&sess.id).map(|t| (t.optin, t.optout))
+    };
+    let Some((optin, optout)) = modes else {
+        return sess.error("ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled");
+    };
+    if eq_ci(arg, "yes") {
+        if !optin {
+            return sess.error(
+                "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.",
+            );
+        }
+    } else if eq_ci(arg, "no") {
+        if !optout {
+            return sess.error(
+                "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.",
+            );
+        }
+    } else {
+        return sess.error(SYNTAX_ERR);
+    }
+    sess.caching = true;
+    sess.out.ok();
+}
+
+fn tracking_info(sess: &mut Session) {
+    let clients = sess.worker.clients.borrow();
+    let t = clients.trackers.get(&sess.id);
+    let mut flags: Vec<&str> = vec![if t.is_some() { "on" } else { "off" }];
+    if let Some(t) = t {
+        if t.bcast {
+            flags.push("bcast");
+        }
+        if t.optin {
+            flags.push("optin");
+            if sess.caching {
+                flags.push("caching-yes");
+            }
+        }
+        if t.optout {
+            flags.push("optout");
+            if sess.caching {
+                flags.push("caching-no");
+            }
+        }
+        if t.noloop {
+            flags.push("noloop");
+        }
+        if t.broken {
+            flags.push("broken_redirect");
+        }
+    }
+    let redirect = t.map_or(-1, |t| t.redirect as i64);
+    let mut prefixes: Vec<Bytes> = t.map(|t| t.prefixes.clone()).unwrap_or_default();
+    prefixes.sort();
+    drop(clients);
+    let out = &mut sess.out;
+    out.map(3);
+    out.bulk(b"flags");
+    out.set(flags.len());
+    for f in flags {
+        out.bulk(f.as_bytes());
+    }
+    out.bulk(b"redirect");
+    out.int(redirect);
+    out.bulk(b"prefixes");
+    out.array(prefixes.len());
+    for p in prefixes {
+        out.bulk(&p);
+    }
+}

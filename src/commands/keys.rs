@@ -606,6 +606,7 @@ async_handler!(flushdb, |sess, args| {
     }
     let db = sess.db;
     on_every_shard_locked(sess, &args, move |sh| sh.flush_db(db)).await;
+    crate::tracking::flush_all(&sess.worker).await;
     sess.out.ok();
 });
 
@@ -619,6 +620,7 @@ async_handler!(flushall, |sess, args| {
         }
     })
     .await;
+    crate::tracking::flush_all(&sess.worker).await;
     sess.out.ok();
 });
 

@@ -431,6 +431,23 @@ fn reject_command(sess: &mut Session, cmd: &'static Command, msg: &str) {
 /// Validates and runs one command for a session: lookup, arity, authentication, MULTI
 /// queueing, then execution on the right thread.
 pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
+    let is_client = cmd.is_some_and(|c| c.name == "client");
+    if is_client {
+        // CLIENT LIST and INFO show the asking client's request as its query buffer.
+        let size: usize = args.iter().map(|a| a.len() + 16).sum::<usize>() + 8;
+        sess.handle.info.borrow_mut().qbuf = size;
+    }
+    execute_command(sess, cmd, args).await;
+    if is_client {
+        sess.handle.info.borrow_mut().qbuf = 0;
+    }
+    // CLIENT CACHING covers the next command, or the whole next transaction.
+    if sess.caching && !is_client && sess.multi.is_none() {
+        sess.caching = false;
+    }
+}
+
+async fn execute_command(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
     let Some(cmd) = cmd else {
         let msg = unknown_command_error(&args);
         sess.reject_bytes(&msg);
@@ -659,11 +676,42 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                 let kept = args.clone();
                 let db = sess.db;
                 tx.logged(db, &kept, cross(sess, args, &tx)).await;
+                remember_spread_keys(sess, cmd, &kept, &tx).await;
                 drop(tx);
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
                 sess.record_here(cmd, &kept, start, mark);
             }
         },
+    }
+}
+
+/// CLIENT TRACKING: the keys a multi-shard read named are remembered on their shards
+/// while the transaction still holds them, so no write falls in between.
+pub async fn remember_spread_keys(sess: &Session, cmd: &Command, args: &[Bytes], tx: &Tx) {
+    let Some(reader) = sess.reader().filter(|r| r.remember) else {
+        return;
+    };
+    if !cmd.has(flags::READONLY) {
+        return;
+    }
+    let keys: Vec<Bytes> = cmd
+        .key_positions(args)
+        .into_iter()
+        .map(|i| args[i].clone())
+        .collect();
+    for (shard, keys) in crate::shard::tx::keys_by_shard(&sess.worker, keys.iter()) {
+        tx.run(shard, move |sh| {
+            let max = sh
+                .shared
+                .tunables
+                .tracking_table_max_keys
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let n = sh.shared.nshards();
+            for k in keys {
+                sh.tracking.remember(max, n, &k, &reader);
+            }
+        })
+        .await;
     }
 }
 
@@ -685,6 +733,7 @@ async fn run_on_shard(
         };
         if free {
             shard.stats.inline += 1;
+            shard.current = sess.reader();
             exec_here(
                 &mut shard,
                 cmd,
@@ -694,7 +743,10 @@ async fn run_on_shard(
                 &mut sess.out,
                 sess.no_touch,
             );
-            let pending = shard.blocking.has_ready() || !shard.events.is_empty();
+            shard.current = None;
+            let pending = shard.blocking.has_ready()
+                || !shard.events.is_empty()
+                || shard.tracking.has_pending();
             drop(shard);
             if pending {
                 crate::shard::after_command(&worker);
@@ -712,6 +764,7 @@ async fn run_on_shard(
         client_id: sess.id,
         no_touch: sess.no_touch,
         atomic: None,
+        reader: sess.reader(),
     };
     let reply = run_batch_on(&worker, target, cmds, spec).await.out;
     sess.out.buf.extend_from_slice(&reply.buf);

@@ -28,6 +28,8 @@ struct ThreadReport {
     clients: u64,
     blocked: u64,
     blocking_keys: u64,
+    tracking_keys: u64,
+    tracking_items: u64,
     channels: Vec<Bytes>,
     patterns: Vec<Bytes>,
     lock_waits: u64,
@@ -95,6 +97,8 @@ fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
             .collect(),
         patterns: w.clients.borrow().pubsub.pattern_names().cloned().collect(),
         blocking_keys: sh.blocking.keys_count() as u64,
+        tracking_keys: sh.tracking.keys() as u64,
+        tracking_items: sh.tracking.items() as u64,
         lock_waits: sh.locks.waited_total,
         dirty: sh.dirty,
         dirty_saved: sh.dirty_saved,
@@ -211,10 +215,11 @@ async_handler!(info, |sess, args| {
     if show("clients") {
         let _ = write!(
             s,
-            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:{}\r\ntracking_clients:0\r\nclients_in_timeout_table:{}\r\ntotal_blocking_keys:{}\r\ntotal_blocking_keys_on_nokey:0\r\n\r\n",
+            "# Clients\r\nconnected_clients:{}\r\ncluster_connections:0\r\nmaxclients:{}\r\nclient_recent_max_input_buffer:0\r\nclient_recent_max_output_buffer:0\r\nblocked_clients:{}\r\ntracking_clients:{}\r\nclients_in_timeout_table:{}\r\ntotal_blocking_keys:{}\r\ntotal_blocking_keys_on_nokey:0\r\n\r\n",
             reports.iter().map(|r| r.clients).sum::<u64>(),
             shared.tunables.maxclients.load(Ordering::Relaxed),
             reports.iter().map(|r| r.blocked).sum::<u64>(),
+            shared.tracking.clients.load(Ordering::Relaxed),
             reports.iter().map(|r| r.blocked).sum::<u64>(),
             reports.iter().map(|r| r.blocking_keys).sum::<u64>(),
         );
@@ -282,7 +287,7 @@ async_handler!(info, |sess, args| {
     if show("stats") {
         let _ = write!(
             s,
-            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\nclient_query_buffer_limit_disconnections:{}\r\nevicted_clients:{}\r\n\r\n",
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\ninstantaneous_ops_per_sec:{}\r\ntotal_net_input_bytes:{}\r\ntotal_net_output_bytes:{}\r\nrejected_connections:{}\r\nsync_full:{}\r\nsync_partial_ok:{}\r\nsync_partial_err:{}\r\nexpired_keys:{}\r\nevicted_keys:0\r\nkeyspace_hits:{}\r\nkeyspace_misses:{}\r\npubsub_channels:{}\r\npubsub_patterns:{}\r\ntotal_error_replies:{}\r\nacl_access_denied_auth:{}\r\nacl_access_denied_cmd:{}\r\nacl_access_denied_key:{}\r\nacl_access_denied_channel:{}\r\nclient_output_buffer_limit_disconnections:{}\r\nclient_query_buffer_limit_disconnections:{}\r\nevicted_clients:{}\r\ntotal_eviction_exceeded_time:0\r\ncurrent_eviction_exceeded_time:0\r\ntracking_total_keys:{}\r\ntracking_total_items:{}\r\ntracking_total_prefixes:{}\r\n\r\n",
             sum(12),
             sum(0),
             reports.iter().map(|r| r.ops_per_sec).sum::<u64>(),
@@ -305,6 +310,9 @@ async_handler!(info, |sess, args| {
             crate::server::conn::OBUF_DISCONNECTIONS.load(Ordering::Relaxed),
             crate::server::conn::QBUF_DISCONNECTIONS.load(Ordering::Relaxed),
             shared.evicted_clients.load(Ordering::Relaxed),
+            reports.iter().map(|r| r.tracking_keys).sum::<u64>(),
+            reports.iter().map(|r| r.tracking_items).sum::<u64>(),
+            shared.tracking.prefixes(),
         );
     }
     if show("replication") {

@@ -248,6 +248,7 @@ async_handler!(exec, |sess, _args| {
                     dirty: None,
                     keys: Vec::new(),
                 })),
+                reader: sess.reader(),
             };
             let worker = sess.worker.clone();
             {
@@ -345,15 +346,19 @@ async fn run_in_tx(sess: &mut Session, tx: &Tx, cmd: &'static Command, args: Vec
                     let kept = args.clone();
                     let db = sess.db;
                     tx.logged(db, &kept, cross(sess, args, tx)).await;
+                    super::remember_spread_keys(sess, cmd, &kept, tx).await;
                     sess.record_here(cmd, &kept, start, mark);
                     return;
                 }
             };
             let (db, resp3, no_touch) = (sess.db, sess.out.resp3, sess.no_touch);
+            let reader = sess.reader();
             let reply = tx
                 .run(target, move |sh| {
                     let mut out = Reply::new(resp3);
+                    sh.current = reader;
                     exec_here(sh, cmd, f, &args, db, &mut out, no_touch);
+                    sh.current = None;
                     out.buf
                 })
                 .await;

@@ -904,6 +904,7 @@ impl Batches {
                 client_id: sess.id,
                 no_touch: false,
                 atomic: None,
+                reader: None,
             };
             running.push(tokio::task::spawn_local(async move {
                 crate::shard::run_batch_on(&worker, shard, cmds, spec).await

@@ -36,6 +36,15 @@ pub struct ClientInfo {
     pub user: std::sync::Arc<str>,
     /// KIND_NORMAL, or a replication link (CLIENT LIST flags S and M, CLIENT KILL TYPE).
     pub kind: u8,
+    /// CLIENT TRACKING: on (flag t), BCAST (B), broken redirect (R), and the redirect
+    /// (`redir=`: -1 when off).
+    pub tracking: bool,
+    pub tracking_bcast: bool,
+    pub tracking_broken: bool,
+    pub redir: i64,
+    /// Bytes of the request being run (Redis reports them as `qbuf` to the client
+    /// asking, whose query buffer still holds them).
+    pub qbuf: usize,
 }
 
 pub const KIND_NORMAL: u8 = 0;
@@ -69,6 +78,11 @@ impl ClientInfo {
             ssub: 0,
             user: "default".into(),
             kind: KIND_NORMAL,
+            tracking: false,
+            tracking_bcast: false,
+            tracking_broken: false,
+            redir: -1,
+            qbuf: 0,
         }
     }
 
@@ -85,14 +99,23 @@ impl ClientInfo {
         if self.monitor {
             flags.push('O');
         }
+        if self.sub + self.psub + self.ssub > 0 {
+            flags.push('P');
+        }
         if self.multi >= 0 {
             flags.push('x');
         }
         if self.blocked {
             flags.push('b');
         }
-        if self.sub + self.psub + self.ssub > 0 {
-            flags.push('P');
+        if self.tracking {
+            flags.push('t');
+        }
+        if self.tracking_broken {
+            flags.push('R');
+        }
+        if self.tracking_bcast {
+            flags.push('B');
         }
         if self.no_evict {
             flags.push('e');
@@ -104,7 +127,7 @@ impl ClientInfo {
             flags.push('N');
         }
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} watch={} qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir={} resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -118,9 +141,11 @@ impl ClientInfo {
             self.psub,
             self.ssub,
             self.multi,
-            self.watch,
+            self.qbuf,
+            if self.qbuf > 0 { 20474 - self.qbuf.min(20474) } else { 0 },
             self.last_cmd,
             self.user,
+            self.redir,
             self.resp,
             String::from_utf8_lossy(&self.lib_name),
             String::from_utf8_lossy(&self.lib_ver),
@@ -194,6 +219,8 @@ pub struct Clients {
     /// Connections of this thread waiting in a blocking command (INFO blocked_clients).
     pub blocked: usize,
     pub pubsub: crate::pubsub::Registry,
+    /// Connections of this thread with CLIENT TRACKING on.
+    pub trackers: HashMap<u64, crate::tracking::Tracker>,
 }
 
 impl Clients {

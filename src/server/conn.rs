@@ -217,6 +217,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         replconf: None,
         wrote_since_wait: false,
         write_offset: 0,
+        tracking: false,
+        caching: false,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -271,6 +273,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
 
 fn close(sess: &mut Session) {
     commands::transactions::unwatch_all(sess);
+    commands::connection::disable_tracking(sess);
     if sess.monitoring {
         let id = sess.id;
         sess.worker
@@ -590,6 +593,7 @@ fn migration_target(sess: &Session) -> Option<usize> {
 fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) -> Option<usize> {
     let cmd = cmd?;
     if sess.multi.is_some()
+        || sess.tracking
         || sess.reply_mode != ReplyMode::On
         || !sess.authenticated
         // A restricted user's commands go through `execute`, which checks them.
@@ -685,6 +689,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                 client_id: sess.id,
                 no_touch: sess.no_touch,
                 atomic: None,
+                reader: None,
             };
             let mut batch = batch;
             loop {
@@ -694,6 +699,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                     client_id: spec.client_id,
                     no_touch: spec.no_touch,
                     atomic: None,
+                    reader: None,
                 };
                 let result = run_batch_on(&worker, target, batch, spec).await;
                 sess.out.buf.extend_from_slice(&result.out.buf);

@@ -80,6 +80,10 @@ pub struct Session {
     /// the stream offset that covered this connection's writes then.
     pub wrote_since_wait: bool,
     pub write_offset: u64,
+    /// CLIENT TRACKING is on (its modes live in the thread's registry), and CLIENT
+    /// CACHING was given for the next command or transaction.
+    pub tracking: bool,
+    pub caching: bool,
 }
 
 impl Session {
@@ -120,6 +124,8 @@ impl Session {
             replconf: None,
             wrote_since_wait: false,
             write_offset: 0,
+            tracking: false,
+            caching: false,
         }
     }
 
@@ -181,6 +187,21 @@ impl Session {
             c.failed += 1;
             st.record_error(&self.out.buf[mark..]);
         }
+    }
+
+    /// What a shard running this connection's command needs for CLIENT TRACKING.
+    pub fn reader(&self) -> Option<crate::tracking::Reader> {
+        if !self.tracking {
+            return None;
+        }
+        let clients = self.worker.clients.borrow();
+        let t = clients.trackers.get(&self.id)?;
+        Some(crate::tracking::Reader {
+            id: self.id,
+            thread: self.worker.id,
+            noloop: t.noloop,
+            remember: !t.bcast && (!t.optin || self.caching) && !(t.optout && self.caching),
+        })
     }
 
     /// The channel for pushed messages, created on first use.

@@ -46,6 +46,8 @@ pub enum Mail {
 /// State shared by all threads. Nothing here is keyspace data.
 pub struct Shared {
     pub placement: Placement,
+    /// CLIENT TRACKING's server-wide state (counts, BCAST prefixes).
+    pub tracking: crate::tracking::Global,
     pub mailboxes: OnceLock<Vec<mpsc::UnboundedSender<Mail>>>,
     /// The full configuration, read and written only by CONFIG and INFO.
     pub config: Mutex<Config>,
@@ -114,6 +116,7 @@ impl Shared {
     pub fn for_tests(nshards: usize) -> Arc<Shared> {
         let config = Config::default();
         Arc::new(Shared {
+            tracking: Default::default(),
             placement: Placement::new(nshards, None),
             mailboxes: OnceLock::new(),
             tunables: Tunables::new(&config),
@@ -305,6 +308,10 @@ pub struct Shard {
     pub blocking: crate::blocking::BlockTable,
     /// Keyspace events of the running command, published when it ends.
     pub events: Vec<(usize, &'static str, Bytes)>,
+    /// Keys tracked for client-side caching, and invalidations on their way out.
+    pub tracking: crate::tracking::Table,
+    /// The tracking connection the running command belongs to, if any.
+    pub current: Option<crate::tracking::Reader>,
     pub stats: Stats,
     /// Write operations since start (`rdb_changes_since_last_save`).
     pub dirty: u64,
@@ -338,6 +345,8 @@ impl Shard {
             locks: LockTable::default(),
             blocking: Default::default(),
             events: Vec::new(),
+            tracking: Default::default(),
+            current: None,
             watches: WatchTable::new(databases),
             stats: Stats {
                 commands: vec![CmdStat::default(); ncommands],
@@ -547,6 +556,7 @@ impl Shard {
         }
         if self.dbs[db].table.remove(key).is_some() {
             self.log_effect(db, &[b"DEL".as_slice(), key]);
+            self.track_modified(key);
             self.stats.expired_keys += 1;
             self.watches.touch_expired(db, key);
             self.blocking.mark_ready(db, key);
@@ -568,6 +578,14 @@ impl Shard {
         if !self.watches.is_empty() {
             self.watches.touch(db, key);
         }
+        self.track_modified(key);
+    }
+
+    /// Tells clients caching `key` (CLIENT TRACKING) that it changed.
+    #[inline]
+    pub fn track_modified(&mut self, key: &[u8]) {
+        self.tracking
+            .modified(&self.shared.tracking, key, self.current.as_ref());
     }
 
     pub fn keys_in(&self, db: usize) -> usize {
@@ -602,6 +620,7 @@ impl Shard {
             }
             for key in expired {
                 self.log_effect(db, &[b"DEL".as_slice(), &key]);
+                self.track_modified(&key);
                 self.stats.expired_keys += 1;
                 self.watches.touch_expired(db, &key);
                 self.event(db, b'x', "expired", &key);
@@ -820,6 +839,7 @@ pub struct Batch {
     pub db: usize,
     pub client_id: u64,
     pub no_touch: bool,
+    pub reader: Option<crate::tracking::Reader>,
     pub cmds: VecDeque<(&'static Command, Vec<Bytes>)>,
     pub out: Reply,
     /// EXEC on one shard: wait until every key of every command is free, then run them all
@@ -889,6 +909,20 @@ pub fn exec_here(
         let mut ctx = shard.ctx(db, out);
         ctx.no_touch = no_touch;
         f(&mut ctx, args);
+        if let Some(r) = ctx.shard.current {
+            if r.remember && cmd.has(crate::commands::flags::READONLY) {
+                let max = ctx
+                    .shard
+                    .shared
+                    .tunables
+                    .tracking_table_max_keys
+                    .load(Ordering::Relaxed);
+                let n = ctx.shard.shared.nshards();
+                for p in cmd.key_positions(args) {
+                    ctx.shard.tracking.remember(max, n, &args[p], &r);
+                }
+            }
+        }
         // Outside a read command the live view is the safe one on a replica: a
         // cross-shard write of the master's must find what the master still holds.
         ctx.shard.writing = true;
@@ -996,7 +1030,11 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             batch.cmds.push_front((cmd, args));
             break;
         }
-        if !atomic && (shard.blocking.has_ready() || !shard.events.is_empty()) {
+        if !atomic
+            && (shard.blocking.has_ready()
+                || !shard.events.is_empty()
+                || shard.tracking.has_pending())
+        {
             // Events go out and blocked clients are served after each command, before
             // the next one runs.
             drop(shard);
@@ -1019,6 +1057,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             }
         }
         let f = cmd.exec_fn().expect("batched commands run on a shard");
+        shard.current = batch.reader;
         exec_here(
             &mut shard,
             cmd,
@@ -1028,6 +1067,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             &mut batch.out,
             batch.no_touch,
         );
+        shard.current = None;
     }
     match mark {
         Some(m) => {
@@ -1054,6 +1094,8 @@ pub struct BatchSpec {
     pub client_id: u64,
     pub no_touch: bool,
     pub atomic: Option<WatchCheck>,
+    /// The connection's CLIENT TRACKING state, when it tracks.
+    pub reader: Option<crate::tracking::Reader>,
 }
 
 /// Runs a batch on shard `target` and waits for its replies.
@@ -1068,6 +1110,7 @@ pub async fn run_batch_on(
         db: spec.db,
         client_id: spec.client_id,
         no_touch: spec.no_touch,
+        reader: spec.reader,
         cmds,
         out: Reply::new(spec.resp3),
         atomic: spec.atomic,
@@ -1107,6 +1150,7 @@ pub fn after_command(worker: &Rc<Worker>) {
 /// everything it caused in its own order.
 pub fn after_command_into(worker: &Rc<Worker>, mut sink: Option<&mut Vec<KeyEvent>>) {
     loop {
+        send_invalidations(worker);
         let events = std::mem::take(&mut worker.shard.borrow_mut().events);
         match sink.as_deref_mut() {
             Some(s) => s.extend(events),
@@ -1120,6 +1164,15 @@ pub fn after_command_into(worker: &Rc<Worker>, mut sink: Option<&mut Vec<KeyEven
         if worker.shard.borrow().events.is_empty() {
             break;
         }
+    }
+    send_invalidations(worker);
+}
+
+/// Sends the invalidations (CLIENT TRACKING) of what just ran here.
+pub fn send_invalidations(worker: &Rc<Worker>) {
+    let mut shard = worker.shard.borrow_mut();
+    if shard.tracking.has_pending() {
+        shard.tracking.send_pending(worker);
     }
 }
 
