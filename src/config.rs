@@ -485,6 +485,10 @@ pub fn find_param(name: &str) -> Option<usize> {
 
 /// Parses a byte count with Redis's units: b, k, kb, m, mb, g, gb (k = 1000, kb = 1024).
 pub fn parse_memory(s: &str) -> Option<u64> {
+    // Redis's memtoull reads an empty value as 0.
+    if s.is_empty() {
+        return Some(0);
+    }
     let lower = s.to_ascii_lowercase();
     let split = lower
         .find(|c: char| !c.is_ascii_digit() && c != '-')

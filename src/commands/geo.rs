@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 
-use super::util::{eq_ci, parse_f64, parse_i64, SYNTAX_ERR};
+use super::util::{eq_ci, parse_i64, SYNTAX_ERR};
 use crate::cross_handler;
 use crate::protocol::reply::Reply;
 use crate::shard::ExecCtx;
@@ -34,10 +34,11 @@ fn read_zset<'a>(ctx: &'a mut ExecCtx, key: &[u8]) -> Result<Option<&'a ZSet>, &
     }
 }
 
+/// A double as Redis's getDoubleFromObject reads one (`strtod` over the whole string).
 fn parse_double(arg: &[u8], msg: &'static str) -> Result<f64, String> {
-    parse_f64(arg).map_err(|e| {
+    super::zsets::parse_score(arg).ok_or_else(|| {
         if msg.is_empty() {
-            e.to_string()
+            super::util::NOT_FLOAT.to_string()
         } else {
             format!("ERR {msg}")
         }
@@ -399,7 +400,7 @@ fn run_search(ctx: &mut ExecCtx, args: &[Bytes], v: Variant) -> Result<Found, St
     let limit = if any { o.count } else { 0 };
     let mut points = collect(z, &search, limit);
     if sort != 0 {
-        points.sort_by(|a, b| {
+        let by_dist = move |a: &Point, b: &Point| {
             let ord = a
                 .dist
                 .partial_cmp(&b.dist)
@@ -409,7 +410,15 @@ fn run_search(ctx: &mut ExecCtx, args: &[Bytes], v: Variant) -> Result<Found, St
             } else {
                 ord.reverse()
             }
-        });
+        };
+        // As Redis: a full sort (stable, as glibc's qsort is) when all are returned,
+        // else its partial quicksort, whose order of equal distances differs.
+        if o.count == 0 || points.len() <= o.count {
+            points.sort_by(by_dist);
+        } else {
+            let last = o.count - 1;
+            super::util::pqsort(&mut points, &by_dist, 0, last);
+        }
     }
     if o.count != 0 {
         points.truncate(o.count);

@@ -245,7 +245,7 @@ fn sort_elements(
             return Err(NOT_DOUBLE);
         }
         let by_pattern = by.is_some();
-        items.sort_by(|a, b| {
+        let order = |a: &Item, b: &Item| {
             let ord = if !alpha {
                 a.score
                     .partial_cmp(&b.score)
@@ -266,7 +266,14 @@ fn sort_elements(
             } else {
                 ord
             }
-        });
+        };
+        // As Redis: its partial quicksort for a window of a BY sort, else a full sort
+        // (stable, as glibc's qsort is).
+        if by_pattern && (start != 0 || end != len - 1) && end >= start {
+            super::util::pqsort(&mut items, &order, start as usize, end as usize);
+        } else {
+            items.sort_by(order);
+        }
     }
     if end < start {
         return Ok(Vec::new());

@@ -267,3 +267,160 @@ mod tests {
         assert!(parse_f64(b"1e5").is_ok());
     }
 }
+
+/// Redis's `pqsort`: a quicksort (Bentley-McIlroy, as in BSD's qsort) that only sorts
+/// what it must for positions `lrange..=rrange` to hold the right elements in order.
+/// Kept step for step, because the order it leaves equal elements in is what SORT ...
+/// LIMIT and GEOSEARCH ... COUNT return.
+pub fn pqsort<T>(
+    v: &mut [T],
+    cmp: &dyn Fn(&T, &T) -> std::cmp::Ordering,
+    lrange: usize,
+    rrange: usize,
+) {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    fn med3<T>(
+        v: &[T],
+        a: usize,
+        b: usize,
+        c: usize,
+        cmp: &dyn Fn(&T, &T) -> std::cmp::Ordering,
+    ) -> usize {
+        if cmp(&v[a], &v[b]) == Less {
+            if cmp(&v[b], &v[c]) == Less {
+                b
+            } else if cmp(&v[a], &v[c]) == Less {
+                c
+            } else {
+                a
+            }
+        } else if cmp(&v[b], &v[c]) == Greater {
+            b
+        } else if cmp(&v[a], &v[c]) == Less {
+            a
+        } else {
+            c
+        }
+    }
+    fn vecswap<T>(v: &mut [T], a: usize, b: usize, n: usize) {
+        for i in 0..n {
+            v.swap(a + i, b + i);
+        }
+    }
+    // Whether the sub-array [s, s + n) overlaps the wanted range.
+    let wanted =
+        |s: usize, n: usize| !((lrange < s && rrange < s) || (lrange >= s + n && rrange >= s + n));
+    fn run<T>(
+        v: &mut [T],
+        mut a: usize,
+        mut n: usize,
+        cmp: &dyn Fn(&T, &T) -> std::cmp::Ordering,
+        wanted: &dyn Fn(usize, usize) -> bool,
+    ) {
+        loop {
+            if n < 7 {
+                for pm in a + 1..a + n {
+                    let mut pl = pm;
+                    while pl > a && cmp(&v[pl - 1], &v[pl]) == Greater {
+                        v.swap(pl, pl - 1);
+                        pl -= 1;
+                    }
+                }
+                return;
+            }
+            let mut pm = a + n / 2;
+            if n > 7 {
+                let mut pl = a;
+                let mut pn = a + n - 1;
+                if n > 40 {
+                    let d = n / 8;
+                    pl = med3(v, pl, pl + d, pl + 2 * d, cmp);
+                    pm = med3(v, pm - d, pm, pm + d, cmp);
+                    pn = med3(v, pn - 2 * d, pn - d, pn, cmp);
+                }
+                pm = med3(v, pl, pm, pn, cmp);
+            }
+            v.swap(a, pm);
+            let (mut pa, mut pb) = (a + 1, a + 1);
+            let (mut pc, mut pd) = (a + n - 1, a + n - 1);
+            loop {
+                while pb <= pc {
+                    let c = cmp(&v[pb], &v[a]);
+                    if c == Greater {
+                        break;
+                    }
+                    if c == Equal {
+                        v.swap(pa, pb);
+                        pa += 1;
+                    }
+                    pb += 1;
+                }
+                while pb <= pc {
+                    let c = cmp(&v[pc], &v[a]);
+                    if c == Less {
+                        break;
+                    }
+                    if c == Equal {
+                        v.swap(pc, pd);
+                        pd -= 1;
+                    }
+                    pc -= 1;
+                }
+                if pb > pc {
+                    break;
+                }
+                v.swap(pb, pc);
+                pb += 1;
+                pc -= 1;
+            }
+            let pn = a + n;
+            let r = (pa - a).min(pb - pa);
+            vecswap(v, a, pb - r, r);
+            let r = (pd - pc).min(pn - pd - 1);
+            vecswap(v, pb, pn - r, r);
+            let r = pb - pa;
+            if r > 1 && wanted(a, r) {
+                run(v, a, r, cmp, wanted);
+            }
+            let r = pd - pc;
+            if r > 1 {
+                a = pn - r;
+                n = r;
+                if wanted(a, n) {
+                    continue;
+                }
+            }
+            return;
+        }
+    }
+    let n = v.len();
+    run(v, 0, n, cmp, &wanted);
+}
+
+#[cfg(test)]
+mod pqsort_tests {
+    use super::pqsort;
+
+    #[test]
+    fn sorts_the_asked_window() {
+        let mut seed = 7u64;
+        for len in [0usize, 1, 5, 8, 40, 41, 200, 1000] {
+            let mut v: Vec<u64> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed % 50
+                })
+                .collect();
+            let mut sorted = v.clone();
+            sorted.sort();
+            if len == 0 {
+                continue;
+            }
+            let hi = (len / 3).max(1) - 1;
+            pqsort(&mut v, &|a: &u64, b: &u64| a.cmp(b), 0, hi);
+            assert_eq!(&v[..=hi], &sorted[..=hi]);
+        }
+    }
+}

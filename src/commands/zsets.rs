@@ -193,7 +193,7 @@ fn hex_literal(s: &[u8]) -> Option<(f64, bool)> {
 
 /// A score, increment or weight, as Redis's `string2d` reads one: the whole argument,
 /// no leading space, no overflow or underflow, never NaN.
-fn parse_score(arg: &[u8]) -> Option<f64> {
+pub fn parse_score(arg: &[u8]) -> Option<f64> {
     if arg.is_empty() || is_c_space(arg[0]) {
         return None;
     }

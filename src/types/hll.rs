@@ -399,7 +399,14 @@ fn estimate(h: &[u32; 64]) -> u64 {
         z *= 0.5;
     }
     z += m * sigma(h[0] as f64 / m);
-    (ALPHA_INF * m * m / z).round() as u64
+    let e = (ALPHA_INF * m * m / z).round();
+    // Every register saturated makes z zero: Redis's llroundl of infinity gives the
+    // x86 "integer indefinite" value, which PFCOUNT then reports.
+    if e.is_finite() && e < 9.2e18 {
+        e as u64
+    } else {
+        1 << 63
+    }
 }
 
 fn sigma(mut x: f64) -> f64 {
