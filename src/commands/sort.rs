@@ -163,7 +163,9 @@ fn weight(v: &[u8]) -> Option<f64> {
     if v.is_empty() {
         return Some(0.0);
     }
-    parse_c_double(v)
+    // `strtod` also sets ERANGE for a result it had to round to a subnormal, and
+    // SORT refuses any ERANGE.
+    parse_c_double(v).filter(|w| !w.is_subnormal())
 }
 
 /// One element being sorted, with what it sorts by.
