@@ -176,6 +176,11 @@ pub struct ClientHandle {
     /// Bytes this connection's buffers hold (input, replies, queued messages), as of its
     /// last pass: what `maxmemory-clients` counts.
     pub memory: Cell<usize>,
+    /// The connection's push channel, once it has one (a CLIENT TRACKING redirect
+    /// target is pushed to through it), and a receiver made for it by another
+    /// connection that the session takes over at its next pass.
+    pub push: RefCell<Option<tokio::sync::mpsc::UnboundedSender<bytes::Bytes>>>,
+    pub adopt_rx: RefCell<Option<tokio::sync::mpsc::UnboundedReceiver<bytes::Bytes>>>,
 }
 
 impl ClientHandle {
@@ -192,6 +197,8 @@ impl ClientHandle {
             hook_out: RefCell::new(Vec::new()),
             hook_touched: Cell::new(false),
             memory: Cell::new(0),
+            push: RefCell::new(None),
+            adopt_rx: RefCell::new(None),
         })
     }
 

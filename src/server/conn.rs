@@ -347,6 +347,10 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
             return Exit::Closed;
         }
+        // A tracking client chose this connection as its redirect target.
+        if sess.push_rx.is_none() && sess.handle.adopt_rx.borrow().is_some() {
+            sess.push_sender();
+        }
         let mut cmds = Vec::new();
         let mut protocol_error = None;
         while cmds.len() < MAX_GROUP {

@@ -209,9 +209,17 @@ impl Session {
         if let Some(tx) = &self.push_tx {
             return tx.clone();
         }
+        if let Some(rx) = self.handle.adopt_rx.borrow_mut().take() {
+            if let Some(tx) = self.handle.push.borrow().clone() {
+                self.push_tx = Some(tx.clone());
+                self.push_rx = Some(rx);
+                return tx;
+            }
+        }
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.push_tx = Some(tx.clone());
         self.push_rx = Some(rx);
+        *self.handle.push.borrow_mut() = Some(tx.clone());
         tx
     }
 

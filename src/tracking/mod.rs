@@ -39,7 +39,8 @@ struct Pending {
     thread: usize,
     id: u64,
     key: Option<Bytes>,
-    bcast: bool,
+    /// The BCAST prefix that matched (each prefix's keys go in a message of their own).
+    bcast: Option<Bytes>,
 }
 
 /// A BCAST prefix of one client, as every shard sees it.
@@ -144,7 +145,7 @@ impl Table {
                 thread: e.thread,
                 id: e.id,
                 key: Some(key.clone()),
-                bcast: false,
+                bcast: None,
             });
         }
     }
@@ -179,7 +180,7 @@ impl Table {
                 thread: b.thread,
                 id: b.id,
                 key: Some(Bytes::copy_from_slice(key)),
-                bcast: true,
+                bcast: Some(b.prefix.clone()),
             });
         }
     }
@@ -196,7 +197,8 @@ impl Table {
         if self.pending.is_empty() {
             return;
         }
-        let mut by_thread: Vec<(usize, Vec<(u64, bool, Vec<Bytes>)>)> = Vec::new();
+        type Group = (u64, Option<Bytes>, Vec<Bytes>);
+        let mut by_thread: Vec<(usize, Vec<Group>)> = Vec::new();
         for p in self.pending.drain(..) {
             let group = match by_thread.iter_mut().find(|g| g.0 == p.thread) {
                 Some(g) => g,
@@ -206,7 +208,13 @@ impl Table {
                 }
             };
             let key = p.key.expect("key invalidations only here");
-            match group.1.iter_mut().find(|c| c.0 == p.id && c.1 == p.bcast) {
+            // Default mode tells each key in a message of its own, as Redis does; BCAST
+            // gathers what the command changed, in key order (Redis's radix tree).
+            match group
+                .1
+                .iter_mut()
+                .find(|c| p.bcast.is_some() && c.0 == p.id && c.1 == p.bcast)
+            {
                 Some(c) => {
                     if !c.2.contains(&key) {
                         c.2.push(key)
@@ -215,16 +223,28 @@ impl Table {
                 None => group.1.push((p.id, p.bcast, vec![key])),
             }
         }
+        for (_, list) in &mut by_thread {
+            for c in list.iter_mut().filter(|c| c.1.is_some()) {
+                c.2.sort();
+            }
+        }
         for (thread, list) in by_thread {
             if thread == worker.id {
-                deliver(worker, list);
+                deliver(worker, strip(list));
             } else {
-                worker
-                    .shared
-                    .send(thread, Box::new(move |w: &Rc<Worker>| deliver(w, list)));
+                worker.shared.send(
+                    thread,
+                    Box::new(move |w: &Rc<Worker>| deliver(w, strip(list))),
+                );
             }
         }
     }
+}
+
+fn strip(list: Vec<(u64, Option<Bytes>, Vec<Bytes>)>) -> Vec<(u64, bool, Vec<Bytes>)> {
+    list.into_iter()
+        .map(|(id, p, keys)| (id, p.is_some(), keys))
+        .collect()
 }
 
 /// A tracking connection, in its thread's registry.
@@ -262,13 +282,7 @@ fn message(resp3: bool, keys: Option<&[Bytes]>) -> Reply {
                 r.bulk(k);
             }
         }
-        None => {
-            if resp3 {
-                r.null();
-            } else {
-                r.null_array();
-            }
-        }
+        None => r.null(),
     }
     r
 }
@@ -334,8 +348,34 @@ fn push_to_client(w: &Rc<Worker>, id: u64, keys: Option<&[Bytes]>) -> bool {
             return true;
         }
     }
-    clients.pubsub.push_to(id, |resp3| message(resp3, keys));
+    if clients.pubsub.push_to(id, |resp3| message(resp3, keys)) {
+        return true;
+    }
+    // A RESP3 connection that neither subscribes nor tracks: its own push channel.
+    let h = &clients.map[&id];
+    if h.info.borrow().resp == 3 {
+        if let Some(tx) = h.push.borrow().as_ref() {
+            let _ = tx.send(message(true, keys).buf.freeze());
+        }
+    }
     true
+}
+
+/// Makes sure connection `id` of this thread has a push channel (it is becoming a
+/// redirect target): one is made here and handed to the session, which takes it over
+/// at its next pass; nothing sent meanwhile is lost.
+pub fn ensure_push(w: &Rc<Worker>, id: u64) {
+    let clients = w.clients.borrow();
+    let Some(h) = clients.map.get(&id) else {
+        return;
+    };
+    if h.push.borrow().is_some() {
+        return;
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    *h.push.borrow_mut() = Some(tx);
+    *h.adopt_rx.borrow_mut() = Some(rx);
+    h.wake.notify_one();
 }
 
 fn redirect_broken(w: &Rc<Worker>, id: u64, target: u64) {
@@ -386,7 +426,11 @@ pub async fn totals(worker: &Rc<Worker>) -> (usize, usize, usize) {
 /// Finds the thread of connection `id`, if it is connected.
 pub async fn thread_of(worker: &Rc<Worker>, id: u64) -> Option<usize> {
     let found = crate::shard::broadcast(worker, move |w| {
-        w.clients.borrow().map.contains_key(&id).then_some(w.id)
+        let here = w.clients.borrow().map.contains_key(&id);
+        if here {
+            ensure_push(w, id);
+        }
+        here.then_some(w.id)
     })
     .await;
     found.into_iter().flatten().next()
