@@ -386,30 +386,38 @@ pub fn serve_ready(worker: &Rc<Worker>) {
     if !sh.blocking.has_ready() {
         return;
     }
-    let ready = std::mem::take(&mut sh.blocking.ready);
     let mut postponed = Vec::new();
-    for (db, key) in ready {
-        while let Some(w) = sh.blocking.first_live(db, &key) {
-            if has_data(&mut sh, db, &key, &w.op) != Data::Ready {
-                break;
-            }
-            if blocked_by_locks(&sh, &key, &w.op) {
-                // Served when the transaction holding the key lets go of it.
-                postponed.push((db, key.clone()));
-                break;
-            }
-            if w.claim
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                continue;
-            }
-            let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
-            // The pop is on its way to the AOF before its client can see it.
-            sh.aof_flush();
-            if let Err(mpsc::error::SendError(d)) = w.deliver.send(delivery) {
-                if let Some(undo) = d.undo {
-                    apply_undo(&mut sh, undo);
+    // Serving a waiter may fill another waited key (BLMOVE into a list someone waits
+    // on): keep going until the chain settles, before the command that started it
+    // answers, as Redis does.
+    loop {
+        let ready = std::mem::take(&mut sh.blocking.ready);
+        if ready.is_empty() {
+            break;
+        }
+        for (db, key) in ready {
+            while let Some(w) = sh.blocking.first_live(db, &key) {
+                if has_data(&mut sh, db, &key, &w.op) != Data::Ready {
+                    break;
+                }
+                if blocked_by_locks(&sh, &key, &w.op) {
+                    // Served when the transaction holding the key lets go of it.
+                    postponed.push((db, key.clone()));
+                    break;
+                }
+                if w.claim
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+                let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
+                // The pop is on its way to the AOF before its client can see it.
+                sh.aof_flush();
+                if let Err(mpsc::error::SendError(d)) = w.deliver.send(delivery) {
+                    if let Some(undo) = d.undo {
+                        apply_undo(&mut sh, undo);
+                    }
                 }
             }
         }
