@@ -433,10 +433,10 @@ pub static PARAMS: &[Param] = &[
     p("cluster-enabled", YESNO, "no", false, false),
     p("io-threads", Kind::Int(1, 128), "1", false, false),
     p("io-threads-do-reads", YESNO, "no", false, false),
-    p("maxmemory-samples", Kind::Int(1, 64), "5", true, false),
+    p("maxmemory-samples", Kind::Int(1, 64), "5", true, true),
     p("maxmemory-clients", Kind::Text, "0", true, true),
-    p("lfu-log-factor", Kind::Int(0, I64MAX), "10", true, false),
-    p("lfu-decay-time", Kind::Int(0, I64MAX), "1", true, false),
+    p("lfu-log-factor", Kind::Int(0, I64MAX), "10", true, true),
+    p("lfu-decay-time", Kind::Int(0, I64MAX), "1", true, true),
     p(
         "enable-debug-command",
         Kind::Enum(&["yes", "no", "local"]),
@@ -972,6 +972,11 @@ pub struct Tunables {
     pub maxmemory_clients_percent: AtomicBool,
     pub hll_sparse_max_bytes: AtomicUsize,
     pub tracking_table_max_keys: AtomicUsize,
+    /// `maxmemory-policy` as `shard::evict::Policy::to_u8`, and its knobs.
+    pub maxmemory_policy: std::sync::atomic::AtomicU8,
+    pub maxmemory_samples: AtomicUsize,
+    pub lfu_log_factor: AtomicU64,
+    pub lfu_decay_time: AtomicU64,
 }
 
 impl Tunables {
@@ -993,6 +998,10 @@ impl Tunables {
             query_buffer_limit: AtomicUsize::new(1 << 30),
             hll_sparse_max_bytes: AtomicUsize::new(3000),
             tracking_table_max_keys: AtomicUsize::new(1_000_000),
+            maxmemory_policy: Default::default(),
+            maxmemory_samples: AtomicUsize::new(5),
+            lfu_log_factor: AtomicU64::new(10),
+            lfu_decay_time: AtomicU64::new(1),
             protected_mode: AtomicBool::new(true),
             maxmemory_clients: AtomicU64::new(0),
             maxmemory_clients_percent: AtomicBool::new(false),
@@ -1033,6 +1042,16 @@ impl Tunables {
             .store(c.get_i64("hll-sparse-max-bytes") as usize, r);
         self.tracking_table_max_keys
             .store(c.get_i64("tracking-table-max-keys") as usize, r);
+        self.maxmemory_policy.store(
+            crate::shard::evict::Policy::parse(c.get("maxmemory-policy")).to_u8(),
+            r,
+        );
+        self.maxmemory_samples
+            .store(c.get_i64("maxmemory-samples") as usize, r);
+        self.lfu_log_factor
+            .store(c.get_i64("lfu-log-factor") as u64, r);
+        self.lfu_decay_time
+            .store(c.get_i64("lfu-decay-time") as u64, r);
         let mc = c.get("maxmemory-clients");
         match mc.strip_suffix('%') {
             Some(p) => {

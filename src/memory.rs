@@ -7,6 +7,13 @@ use tikv_jemalloc_ctl::{epoch, stats};
 
 use crate::shard::Shared;
 
+/// Returns the calling thread's cached free blocks to jemalloc, so that memory freed
+/// here (eviction) shows in the next reading.
+pub fn flush_thread_cache() {
+    // SAFETY: "thread.tcache.flush" takes no value and only acts on this thread.
+    let _ = unsafe { tikv_jemalloc_ctl::raw::write(b"thread.tcache.flush\0", ()) };
+}
+
 pub fn refresh(shared: &Shared) {
     if epoch::advance().is_err() {
         return;

@@ -364,7 +364,6 @@ pub fn restore(ctx: &mut ExecCtx, args: &[Bytes]) {
                     .out
                     .error("ERR Invalid FREQ value, must be >= 0 and <= 255");
             }
-            // Kite keeps no LFU counters: the frequency is accepted and not kept.
             freq = Some(v);
             j += 1;
         } else {
@@ -409,10 +408,21 @@ pub fn restore(ctx: &mut ExecCtx, args: &[Bytes]) {
         return ctx.out.ok();
     }
     ctx.set(key, value, ttl as u64);
-    if let Some(idle) = idle {
-        let lru = ctx.shard.lru_at(ctx.now_ms);
+    // IDLETIME counts under an LRU policy, FREQ under an LFU one (Redis's
+    // objectSetLRUOrLFU).
+    let lfu = ctx.shard.stamp(ctx.now_ms).is_lfu();
+    let field = match (lfu, idle, freq) {
+        (false, Some(idle), _) => Some(
+            ctx.shard
+                .lru_at(ctx.now_ms)
+                .saturating_sub(idle.min(u32::MAX as i64) as u32),
+        ),
+        (true, _, Some(f)) => Some(((((ctx.now_ms / 60_000) & 0xFFFF) as u32) << 8) | f as u32),
+        _ => None,
+    };
+    if let Some(v) = field {
         if let Some(e) = ctx.shard.dbs[ctx.db].table.get_mut(key) {
-            e.lru = lru.saturating_sub(idle.min(u32::MAX as i64) as u32);
+            e.lru = v;
         }
     }
     ctx.key_ready(key);
@@ -835,6 +845,13 @@ pub fn object(ctx: &mut ExecCtx, args: &[Bytes]) {
         return;
     }
     let lru_now = ctx.shard.lru_clock();
+    let lfu = ctx.shard.stamp(ctx.now_ms).is_lfu();
+    let decay = ctx
+        .shard
+        .shared
+        .tunables
+        .lfu_decay_time
+        .load(std::sync::atomic::Ordering::Relaxed);
     let Some(e) = ctx.shard.lookup(ctx.db, &args[2], ctx.now_ms) else {
         return ctx.out.null();
     };
@@ -847,9 +864,16 @@ pub fn object(ctx: &mut ExecCtx, args: &[Bytes]) {
             let shared = matches!(&e.value, Value::Str(StrValue::Int(i)) if (0..SHARED_INTEGERS).contains(i));
             ctx.out.int(if shared { SHARED_REFCOUNT } else { 1 });
         }
+        "idletime" if lfu => ctx.out.error(
+            "ERR An LFU maxmemory policy is selected, idle time not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",
+        ),
         "idletime" => {
             let idle = lru_now.saturating_sub(e.lru);
             ctx.out.int(idle as i64);
+        }
+        _ if lfu => {
+            let freq = crate::shard::evict::lfu_decayed(e.lru, ctx.now_ms, decay);
+            ctx.out.int(freq as i64);
         }
         _ => ctx.out.error(
             "ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.",

@@ -482,6 +482,10 @@ async fn execute_command(sess: &mut Session, cmd: Option<&'static Command>, args
             return;
         }
     }
+    // Past maxmemory, an evicting policy makes room first (docs/eviction.md).
+    if !sess.replaying && sess.over_maxmemory() {
+        crate::shard::evict::make_room(&sess.worker).await;
+    }
     // Past maxmemory, Redis refuses commands that may grow memory, also while queueing
     // them and at an EXEC that queued one.
     let grows = cmd.has(flags::DENYOOM)

@@ -4,6 +4,7 @@
 //! clients and its counters, all reached through `Rc`/`RefCell` from that thread only.
 //! Other threads reach them solely by sending a closure to the thread's mailbox (`hop`).
 
+pub mod evict;
 pub mod locks;
 pub mod placement;
 pub mod tx;
@@ -274,6 +275,7 @@ pub struct Stats {
     /// Scripts that reached another shard after writing and finished there synchronously.
     pub scripts_escalated: u64,
     pub expired_keys: u64,
+    pub evicted_keys: u64,
     pub keyspace_hits: u64,
     pub keyspace_misses: u64,
     pub connections_received: u64,
@@ -321,6 +323,8 @@ pub struct Shard {
     /// passed (only the master's DEL removes them).
     pub writing: bool,
     rng: Cell<u64>,
+    /// Where random eviction policies take their next key from (databases in turn).
+    evict_next_db: usize,
     pub shared: Arc<Shared>,
     /// Slow commands and latency events of this thread.
     pub logs: Logs,
@@ -358,6 +362,7 @@ impl Shard {
             aof_defers: 0,
             writing: true,
             ops_samples: VecDeque::new(),
+            evict_next_db: 0,
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
             ),
@@ -440,6 +445,22 @@ impl Shard {
             ..Stats::default()
         };
         self.ops_samples.clear();
+    }
+
+    /// How an access marks a key now: the LRU clock, or an LFU counter step.
+    #[inline]
+    pub fn stamp(&self, now_ms: u64) -> Stamp {
+        let t = &self.shared.tunables;
+        if evict::Policy::from_u8(t.maxmemory_policy.load(Ordering::Relaxed)).is_lfu() {
+            Stamp::Lfu {
+                now_ms,
+                log_factor: t.lfu_log_factor.load(Ordering::Relaxed),
+                decay: t.lfu_decay_time.load(Ordering::Relaxed),
+                r: (self.random() >> 11) as f64 / (1u64 << 53) as f64,
+            }
+        } else {
+            Stamp::Lru(self.lru_at(now_ms))
+        }
     }
 
     /// Unix seconds, the clock of OBJECT IDLETIME.
@@ -688,6 +709,45 @@ impl Shard {
     }
 }
 
+/// What an access writes into a key's access field (see `Shard::stamp`).
+#[derive(Clone, Copy)]
+pub enum Stamp {
+    Lru(u32),
+    Lfu {
+        now_ms: u64,
+        log_factor: u64,
+        decay: u64,
+        r: f64,
+    },
+}
+
+impl Stamp {
+    #[inline]
+    pub fn apply(self, old: u32) -> u32 {
+        match self {
+            Stamp::Lru(v) => v,
+            Stamp::Lfu {
+                now_ms,
+                log_factor,
+                decay,
+                r,
+            } => evict::lfu_touch(old, now_ms, log_factor, decay, r),
+        }
+    }
+
+    /// The field of a key created now.
+    pub fn fresh(self) -> u32 {
+        match self {
+            Stamp::Lru(v) => v,
+            Stamp::Lfu { now_ms, .. } => evict::lfu_new(now_ms),
+        }
+    }
+
+    pub fn is_lfu(self) -> bool {
+        matches!(self, Stamp::Lfu { .. })
+    }
+}
+
 /// What a command handler sees when it runs on the shard that owns its keys.
 pub struct ExecCtx<'a> {
     pub shard: &'a mut Shard,
@@ -725,14 +785,10 @@ impl ExecCtx<'_> {
 
     /// The live entry for `key`, or None; updates the access time.
     pub fn get(&mut self, key: &[u8]) -> Option<&mut Entry> {
-        let lru = if self.no_touch {
-            None
-        } else {
-            Some(self.shard.lru_at(self.now_ms))
-        };
+        let stamp = (!self.no_touch).then(|| self.shard.stamp(self.now_ms));
         let e = self.shard.lookup(self.db, key, self.now_ms)?;
-        if let Some(l) = lru {
-            e.lru = l;
+        if let Some(s) = stamp {
+            e.lru = s.apply(e.lru);
         }
         Some(e)
     }
@@ -750,7 +806,7 @@ impl ExecCtx<'_> {
             self.shard.event(self.db, b'm', "keymiss", key);
             return (None, &mut *self.out);
         }
-        let lru = self.shard.lru_at(self.now_ms);
+        let stamp = self.shard.stamp(self.now_ms);
         let ExecCtx {
             shard,
             db,
@@ -765,7 +821,7 @@ impl ExecCtx<'_> {
             Some(e) => {
                 *hits += 1;
                 if !*no_touch {
-                    e.lru = lru;
+                    e.lru = stamp.apply(e.lru);
                 }
                 (Some(e), &mut **out)
             }
@@ -782,12 +838,21 @@ impl ExecCtx<'_> {
 
     /// Stores `value` at `key` with expiry `expire_at` (0: none) and signals the change.
     pub fn set(&mut self, key: &[u8], value: Value, expire_at: u64) {
-        let lru = self.shard.lru_at(self.now_ms);
+        let stamp = self.shard.stamp(self.now_ms);
+        let lru = stamp.fresh();
         let old = self.shard.dbs[self.db]
             .table
             .insert(key, value, expire_at, lru);
-        if old.is_none() {
-            self.shard.event(self.db, b'n', "new", key);
+        match &old {
+            None => self.shard.event(self.db, b'n', "new", key),
+            // Under LFU an overwritten key keeps its frequency, as in Redis.
+            Some(o) if stamp.is_lfu() => {
+                let kept = o.lru;
+                if let Some(e) = self.shard.dbs[self.db].table.get_mut(key) {
+                    e.lru = kept;
+                }
+            }
+            Some(_) => {}
         }
         // The one place keys are created or replaced: whatever made it (a push, RENAME,
         // COPY, MOVE, RESTORE, a STORE, a script, the master's stream), clients blocked

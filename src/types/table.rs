@@ -355,6 +355,24 @@ impl Table {
         None
     }
 
+    /// A random entry with a TTL: a random segment holding some, then a random one of
+    /// them there (what volatile eviction policies sample).
+    pub fn random_volatile_entry(&self, mut rand: impl FnMut() -> u64) -> Option<&Entry> {
+        if self.volatile == 0 {
+            return None;
+        }
+        let n = self.segments.len();
+        let start = (rand() as usize) & (n - 1);
+        for step in 0..n {
+            let seg = &self.segments[(start + step) & (n - 1)];
+            if seg.volatile > 0 {
+                let pick = (rand() as usize) % seg.volatile as usize;
+                return seg.entries.iter().filter(|e| e.expire_at != 0).nth(pick);
+            }
+        }
+        None
+    }
+
     /// Walks at most `max_segments` segments holding volatile keys from `cursor`, removing
     /// keys expired at `now_ms` and handing each to `on_expired`. Returns the next cursor
     /// and how many volatile keys were checked.
