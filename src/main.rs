@@ -298,6 +298,7 @@ fn main() {
         started: Instant::now(),
         shutting_down: AtomicBool::new(false),
         used_memory: AtomicUsize::new(0),
+        startup_memory: AtomicUsize::new(0),
         peak_memory: AtomicUsize::new(0),
         lastsave_unix: AtomicU64::new(shard::unix_ms() / 1000),
         active_expire: AtomicBool::new(true),

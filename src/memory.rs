@@ -14,6 +14,12 @@ pub fn flush_thread_cache() {
     let _ = unsafe { tikv_jemalloc_ctl::raw::write(b"thread.tcache.flush\0", ()) };
 }
 
+/// MEMORY PURGE: every arena gives its unused dirty pages back to the system.
+pub fn purge() {
+    // SAFETY: "arena.<MALLCTL_ARENAS_ALL>.purge" takes no value.
+    let _ = unsafe { tikv_jemalloc_ctl::raw::write(b"arena.4096.purge\0", ()) };
+}
+
 pub fn refresh(shared: &Shared) {
     if epoch::advance().is_err() {
         return;
@@ -21,5 +27,11 @@ pub fn refresh(shared: &Shared) {
     if let Ok(allocated) = stats::allocated::read() {
         shared.used_memory.store(allocated, Ordering::Relaxed);
         shared.peak_memory.fetch_max(allocated, Ordering::Relaxed);
+        let _ = shared.startup_memory.compare_exchange(
+            0,
+            allocated,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 }

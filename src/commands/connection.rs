@@ -40,8 +40,28 @@ pub fn quit(sess: &mut Session, _args: &[Bytes]) {
     sess.close_after_reply = true;
 }
 
+/// Ends MONITOR mode (RESET, a closing connection).
+pub fn stop_monitor(sess: &mut Session) {
+    if !sess.monitoring {
+        return;
+    }
+    let id = sess.id;
+    sess.worker
+        .clients
+        .borrow_mut()
+        .monitors
+        .retain(|m| m.0 != id);
+    sess.worker
+        .shared
+        .monitors
+        .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    sess.monitoring = false;
+    sess.handle.info.borrow_mut().monitor = false;
+}
+
 pub fn reset(sess: &mut Session, _args: &[Bytes]) {
     disable_tracking(sess);
+    stop_monitor(sess);
     sess.multi = None;
     super::transactions::unwatch_all(sess);
     super::pubsub::unsubscribe_all(sess);
@@ -383,7 +403,7 @@ async_handler!(client, |sess, args| {
                     ))
                 }
             };
-            if let Err(e) = valid_name(&args[3], what) {
+            if let Err(e) = valid_name(&args[3], &String::from_utf8_lossy(&args[2])) {
                 return sess.error(&e);
             }
             let mut info = sess.handle.info.borrow_mut();

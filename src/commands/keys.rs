@@ -818,7 +818,7 @@ pub const OBJECT_SUBCOMMANDS: &[(&str, i32, &str)] = &[
 ];
 
 const OBJECT_HELP: &[&str] = &[
-    "OBJECT <subcommand> [<arg> ...]. Subcommands are:",
+    "OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
     "ENCODING <key>",
     "    How the value of <key> is stored internally.",
     "FREQ <key>",

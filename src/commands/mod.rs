@@ -2,11 +2,13 @@
 
 pub mod acl;
 pub mod connection;
+pub mod diagnostics;
 pub mod geo;
 pub mod hashes;
 pub mod hyperloglog;
 pub mod keys;
 pub mod lists;
+pub mod lolwut;
 pub mod persistence;
 pub mod pubsub;
 pub mod replication;

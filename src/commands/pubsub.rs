@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::util::glob_match;
 use crate::async_handler;
 use crate::pubsub::Kind;
-use crate::server::session::Session;
+use crate::server::session::{ReplyMode, Session};
 use crate::shard::broadcast;
 
 /// Commands a RESP2 connection may run while subscribed.
@@ -33,13 +33,20 @@ fn confirm(sess: &mut Session, kind: Kind, reply: &[u8], name: Option<&[u8]>) {
         Kind::Shard => sess.shard_channels.len(),
         _ => sess.channels.len() + sess.patterns.len(),
     } as i64;
-    sess.out.push(3);
-    sess.out.bulk(reply);
+    let mut r = crate::protocol::reply::Reply::new(sess.out.resp3);
+    r.push(3);
+    r.bulk(reply);
     match name {
-        Some(n) => sess.out.bulk(n),
-        None => sess.out.null(),
+        Some(n) => r.bulk(n),
+        None => r.null(),
     }
-    sess.out.int(count);
+    r.int(count);
+    // Confirmations are pushed even while CLIENT REPLY is OFF or skipping, as Redis
+    // does: they go past the reply filter.
+    match sess.reply_mode {
+        ReplyMode::Off | ReplyMode::Skipping => sess.forced.extend_from_slice(&r.buf),
+        _ => sess.out.buf.extend_from_slice(&r.buf),
+    }
 }
 
 fn list_mut(sess: &mut Session, kind: Kind) -> &mut Vec<Bytes> {

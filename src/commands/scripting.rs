@@ -378,14 +378,23 @@ async_handler!(function, |sess, args| {
             let lines = [
                 "FUNCTION <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
                 "LOAD [REPLACE] <FUNCTION CODE>",
+                "    Creates a library from the given code, replacing one of the same name with REPLACE.",
                 "DELETE <LIBRARY NAME>",
+                "    Deletes a library and its functions.",
                 "LIST [LIBRARYNAME PATTERN] [WITHCODE]",
+                "    Lists the libraries, optionally only those matching a pattern, with their code.",
                 "FLUSH [ASYNC|SYNC]",
+                "    Deletes every library.",
                 "DUMP",
+                "    A serialized payload of every library.",
                 "RESTORE <PAYLOAD> [FLUSH|APPEND|REPLACE]",
+                "    Loads libraries from a DUMP payload.",
                 "STATS",
+                "    The running function, if any, and the engines' counts.",
                 "KILL",
+                "    Stops a running function that has not written.",
                 "HELP",
+                "    Print this help.",
             ];
             help_reply(&mut sess.out, &lines);
         }

@@ -11,7 +11,6 @@ use super::connection::SERVER_VERSION;
 use super::util::{eq_ci, glob_match, parse_f64, parse_i64, printable, SYNTAX_ERR};
 use super::{flags, table, Command};
 use crate::async_handler;
-use crate::server::logs::LatencyEvent;
 use crate::server::session::Session;
 use crate::shard::{broadcast, hop, unix_ms, unix_us, CmdStat};
 
@@ -19,25 +18,25 @@ use crate::shard::{broadcast, hop, unix_ms, unix_us, CmdStat};
 
 /// What INFO needs from one thread.
 #[derive(Default)]
-struct ThreadReport {
-    commands: Vec<CmdStat>,
-    errors: HashMap<String, u64>,
-    counters: [u64; 22],
-    keyspace: Vec<(u64, u64, u64)>,
-    ops_per_sec: u64,
-    clients: u64,
-    blocked: u64,
-    blocking_keys: u64,
-    tracking_keys: u64,
-    tracking_items: u64,
-    channels: Vec<Bytes>,
-    patterns: Vec<Bytes>,
-    lock_waits: u64,
-    dirty: u64,
-    dirty_saved: u64,
+pub(crate) struct ThreadReport {
+    pub(crate) commands: Vec<CmdStat>,
+    pub(crate) errors: HashMap<String, u64>,
+    pub(crate) counters: [u64; 22],
+    pub(crate) keyspace: Vec<(u64, u64, u64)>,
+    pub(crate) ops_per_sec: u64,
+    pub(crate) clients: u64,
+    pub(crate) blocked: u64,
+    pub(crate) blocking_keys: u64,
+    pub(crate) tracking_keys: u64,
+    pub(crate) tracking_items: u64,
+    pub(crate) channels: Vec<Bytes>,
+    pub(crate) patterns: Vec<Bytes>,
+    pub(crate) lock_waits: u64,
+    pub(crate) dirty: u64,
+    pub(crate) dirty_saved: u64,
 }
 
-fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
+pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
     let sh = w.shard.borrow();
     let st = &sh.stats;
     let now = unix_ms();
@@ -150,7 +149,7 @@ fn rusage() -> (f64, f64) {
     }
 }
 
-fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| {
@@ -562,7 +561,7 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
     }
 }
 
-fn help(sess: &mut Session, lines: &[&str]) {
+pub(crate) fn help(sess: &mut Session, lines: &[&str]) {
     sess.out.array(lines.len());
     for l in lines {
         sess.out.simple(l);
@@ -1062,120 +1061,6 @@ async_handler!(slowlog, |sess, args| {
     }
 });
 
-// ---- LATENCY ----
-
-pub const LATENCY_SUBCOMMANDS: &[(&str, i32, &str)] = &[
-    ("help", 2, "loading stale"),
-    ("history", 3, "admin noscript loading stale"),
-    ("latest", 2, "admin noscript loading stale"),
-    ("reset", -2, "admin noscript loading stale"),
-];
-
-const LATENCY_HELP: &[&str] = &[
-    "LATENCY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-    "LATEST",
-    "    The latest and worst latency of each event.",
-    "HISTORY <event>",
-    "    The recorded samples of <event> as (unix time, milliseconds) pairs.",
-    "RESET [<event> ...]",
-    "    Forgets the samples of the given events, or of all.",
-    "HELP",
-    "    Print this help.",
-];
-
-/// Latency events merged over all threads.
-async fn merged_latency(sess: &Session) -> Vec<(&'static str, LatencyEvent)> {
-    let per_thread = broadcast(&sess.worker, |w| {
-        w.shard
-            .borrow()
-            .logs
-            .latency
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect::<Vec<_>>()
-    })
-    .await;
-    let mut merged: Vec<(&'static str, LatencyEvent)> = Vec::new();
-    for (name, ev) in per_thread.into_iter().flatten() {
-        match merged.iter_mut().find(|m| m.0 == name) {
-            Some(m) => {
-                m.1.max_ms = m.1.max_ms.max(ev.max_ms);
-                m.1.history.extend(ev.history);
-                m.1.history.make_contiguous().sort();
-            }
-            None => merged.push((name, ev)),
-        }
-    }
-    merged.sort_by_key(|m| m.0);
-    merged
-}
-
-async_handler!(latency, |sess, args| {
-    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
-    match sub.as_str() {
-        "latest" => {
-            let merged = merged_latency(sess).await;
-            sess.out.array(merged.len());
-            for (name, ev) in merged {
-                let (t, ms) = ev.history.back().copied().unwrap_or((0, 0));
-                sess.out.array(4);
-                sess.out.bulk(name.as_bytes());
-                sess.out.int(t as i64);
-                sess.out.int(ms as i64);
-                sess.out.int(ev.max_ms as i64);
-            }
-        }
-        "history" => {
-            let want = String::from_utf8_lossy(&args[2]).to_ascii_lowercase();
-            let merged = merged_latency(sess).await;
-            match merged.into_iter().find(|m| m.0 == want) {
-                None => sess.out.array(0),
-                Some((_, ev)) => {
-                    sess.out.array(ev.history.len());
-                    for (t, ms) in ev.history {
-                        sess.out.array(2);
-                        sess.out.int(t as i64);
-                        sess.out.int(ms as i64);
-                    }
-                }
-            }
-        }
-        "reset" => {
-            let events: Vec<String> = args[2..]
-                .iter()
-                .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
-                .collect();
-            let counts = broadcast(&sess.worker, move |w| {
-                let mut sh = w.shard.borrow_mut();
-                let logs = &mut sh.logs;
-                if events.is_empty() {
-                    let names: Vec<&'static str> = logs.latency.keys().copied().collect();
-                    logs.latency.clear();
-                    names
-                } else {
-                    let names: Vec<&'static str> = logs
-                        .latency
-                        .keys()
-                        .copied()
-                        .filter(|k| events.iter().any(|e| e == k))
-                        .collect();
-                    for n in &names {
-                        logs.latency.remove(n);
-                    }
-                    names
-                }
-            })
-            .await;
-            let mut names: Vec<&str> = counts.into_iter().flatten().collect();
-            names.sort();
-            names.dedup();
-            sess.out.int(names.len() as i64);
-        }
-        "help" => help(sess, LATENCY_HELP),
-        _ => unreachable!("subcommands are checked before dispatch"),
-    }
-});
-
 // ---- MONITOR ----
 
 async_handler!(monitor, |sess, _args| {
@@ -1236,11 +1121,16 @@ pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
     }
     line.extend_from_slice(b"\r\n");
     let line = Bytes::from(line);
+    // A monitoring connection's own RESET ends its monitoring before the line would
+    // reach it (Redis feeds monitors once the command has run).
+    let skip = (cmd.name == "reset").then_some(sess.id);
     for target in 0..sess.worker.nshards() {
         let l = line.clone();
         let deliver = move |w: &std::rc::Rc<crate::shard::Worker>| {
-            for (_, tx) in &w.clients.borrow().monitors {
-                let _ = tx.send(l.clone());
+            for (id, tx) in &w.clients.borrow().monitors {
+                if Some(*id) != skip {
+                    let _ = tx.send(l.clone());
+                }
             }
         };
         if target == sess.worker.id {
@@ -1250,92 +1140,3 @@ pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
         }
     }
 }
-
-// ---- MEMORY ----
-
-pub const MEMORY_SUBCOMMANDS: &[(&str, i32, &str)] = &[
-    ("help", 2, "loading stale"),
-    ("stats", 2, ""),
-    ("usage", -3, "readonly"),
-];
-
-const MEMORY_HELP: &[&str] = &[
-    "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
-    "STATS",
-    "    Figures on memory use.",
-    "USAGE <key> [SAMPLES <count>]",
-    "    Bytes a key and its value take, estimated.",
-    "HELP",
-    "    Print this help.",
-];
-
-/// What one entry of the key table costs besides its key and value.
-const ENTRY_OVERHEAD: usize = 48;
-
-async_handler!(memory, |sess, args| {
-    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
-    match sub.as_str() {
-        "usage" => {
-            if args.len() != 3 && !(args.len() == 5 && eq_ci(&args[3], "samples")) {
-                return sess.error(SYNTAX_ERR);
-            }
-            if args.len() == 5 && parse_i64(&args[4]).is_err() {
-                return sess.error(super::util::NOT_INT);
-            }
-            let db = sess.db;
-            let key = args[2].clone();
-            let shard = sess.worker.shard_of(&key);
-            let size = hop(&sess.worker, shard, move |w| {
-                let mut sh = w.shard.borrow_mut();
-                sh.lookup(db, &key, unix_ms())
-                    .map(|e| ENTRY_OVERHEAD + e.key.len() + e.value.heap_size())
-            })
-            .await;
-            match size {
-                Some(n) => sess.out.int(n as i64),
-                None => sess.out.null(),
-            }
-        }
-        "stats" => {
-            let reports = broadcast(&sess.worker, |w| thread_report(w)).await;
-            let keys: u64 = reports
-                .iter()
-                .flat_map(|r| r.keyspace.iter().map(|k| k.0))
-                .sum();
-            let shared = &sess.worker.shared;
-            let used = shared.used_memory.load(Ordering::Relaxed) as u64;
-            let peak = shared.peak_memory.load(Ordering::Relaxed) as u64;
-            let rss = rss_bytes();
-            let dataset = used;
-            sess.out.map(9);
-            sess.out.bulk(b"peak.allocated");
-            sess.out.int(peak as i64);
-            sess.out.bulk(b"total.allocated");
-            sess.out.int(used as i64);
-            sess.out.bulk(b"keys.count");
-            sess.out.int(keys as i64);
-            sess.out.bulk(b"keys.bytes-per-key");
-            sess.out.int(used.checked_div(keys).unwrap_or(0) as i64);
-            sess.out.bulk(b"dataset.bytes");
-            sess.out.int(dataset as i64);
-            sess.out.bulk(b"peak.percentage");
-            sess.out.double(if peak > 0 {
-                used as f64 * 100.0 / peak as f64
-            } else {
-                0.0
-            });
-            sess.out.bulk(b"allocator.allocated");
-            sess.out.int(used as i64);
-            sess.out.bulk(b"allocator.resident");
-            sess.out.int(rss as i64);
-            sess.out.bulk(b"fragmentation");
-            sess.out.double(if used > 0 {
-                rss as f64 / used as f64
-            } else {
-                0.0
-            });
-        }
-        "help" => help(sess, MEMORY_HELP),
-        _ => unreachable!("subcommands are checked before dispatch"),
-    }
-});

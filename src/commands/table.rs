@@ -4,8 +4,9 @@
 use bytes::Bytes;
 
 use super::{
-    acl, connection as conn, geo, hashes, hyperloglog as hll, keys, lists, persistence, pubsub,
-    replication, scripting, server, sets, sort, streams, strings, transactions as tx, zsets,
+    acl, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys, lists,
+    lolwut, persistence, pubsub, replication, scripting, server, sets, sort, streams, strings,
+    transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -142,6 +143,7 @@ pub fn all() -> Vec<Command> {
             c("command", -1, "loading stale", NONE, "server", "2.8.13", "Describes the commands the server knows.", Conn(server::command)),
             server::COMMAND_SUBCOMMANDS,
         ),
+        c("lolwut", -1, "readonly fast", NONE, "server", "5.0.0", "Draws computer art and shows the version.", Conn(lolwut::lolwut)),
         c("time", 1, "loading stale fast", NONE, "server", "2.6.0", "Returns the server time.", Conn(server::time)),
         c("wait", 3, "noscript", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge the connection's writes.", Async(replication::wait)),
         c("waitaof", 4, "noscript", NONE, "generic", "7.2.0", "Waits for the connection's writes to reach the AOF on disk, here and on replicas.", Async(replication::waitaof)),
@@ -160,8 +162,8 @@ pub fn all() -> Vec<Command> {
         c("bgrewriteaof", 1, "admin noscript no_async_loading", NONE, "server", "1.0.0", "Asynchronously rewrites the append-only file to disk.", Async(persistence::bgrewriteaof)),
         c("bgsave", -1, "admin noscript no_async_loading", NONE, "server", "1.0.0", "Asynchronously saves the database(s) to disk.", Async(persistence::bgsave)),
         with_subcommands(
-            c("memory", -2, "", NONE, "server", "4.0.0", "Reports memory use.", Async(server::memory)),
-            server::MEMORY_SUBCOMMANDS,
+            c("memory", -2, "", NONE, "server", "4.0.0", "Reports memory use.", Async(diag::memory)),
+            diag::MEMORY_SUBCOMMANDS,
         ),
         c("monitor", 1, "admin noscript loading stale", NONE, "server", "1.0.0", "Streams every command the server runs.", Async(server::monitor)),
         with_subcommands(
@@ -169,8 +171,8 @@ pub fn all() -> Vec<Command> {
             server::SLOWLOG_SUBCOMMANDS,
         ),
         with_subcommands(
-            c("latency", -2, "", NONE, "server", "2.8.13", "Reports latency events.", Async(server::latency)),
-            server::LATENCY_SUBCOMMANDS,
+            c("latency", -2, "", NONE, "server", "2.8.13", "Reports latency events.", Async(diag::latency)),
+            diag::LATENCY_SUBCOMMANDS,
         ),
         c("dbsize", 1, "readonly fast", NONE, "server", "1.0.0", "Returns the number of keys in the selected database.", Async(keys::dbsize)),
         c("flushdb", -1, "write global", NONE, "server", "1.0.0", "Removes every key of the selected database.", Async(keys::flushdb)),

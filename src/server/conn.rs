@@ -219,6 +219,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         write_offset: 0,
         tracking: false,
         caching: false,
+        forced: Vec::new(),
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -274,15 +275,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
 fn close(sess: &mut Session) {
     commands::transactions::unwatch_all(sess);
     commands::connection::disable_tracking(sess);
-    if sess.monitoring {
-        let id = sess.id;
-        sess.worker
-            .clients
-            .borrow_mut()
-            .monitors
-            .retain(|m| m.0 != id);
-        sess.worker.shared.monitors.fetch_sub(1, Ordering::AcqRel);
-    }
+    commands::connection::stop_monitor(sess);
     commands::pubsub::unsubscribe_all(sess);
     sess.worker
         .shared
@@ -740,6 +733,10 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                 }
             }
             _ => {}
+        }
+        if !sess.forced.is_empty() {
+            let forced = std::mem::take(&mut sess.forced);
+            sess.out.buf.extend_from_slice(&forced);
         }
         if sess.reply_mode == ReplyMode::SkipNext {
             sess.reply_mode = ReplyMode::Skipping;

@@ -84,6 +84,8 @@ pub struct Session {
     /// CACHING was given for the next command or transaction.
     pub tracking: bool,
     pub caching: bool,
+    /// Output that goes out whatever CLIENT REPLY says (subscription confirmations).
+    pub forced: Vec<u8>,
 }
 
 impl Session {
@@ -126,6 +128,7 @@ impl Session {
             write_offset: 0,
             tracking: false,
             caching: false,
+            forced: Vec::new(),
         }
     }
 
@@ -181,8 +184,7 @@ impl Session {
         let st = &mut shard.stats;
         st.total_commands += 1;
         let c = &mut st.commands[cmd.id];
-        c.calls += 1;
-        c.usec += usec;
+        c.record(usec);
         if self.out.buf.get(mark) == Some(&b'-') {
             c.failed += 1;
             st.record_error(&self.out.buf[mark..]);

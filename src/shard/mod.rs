@@ -63,6 +63,8 @@ pub struct Shared {
     /// Bytes allocated, refreshed from the allocator a few times a second.
     pub used_memory: AtomicUsize,
     pub peak_memory: AtomicUsize,
+    /// Memory in use at the first reading, before any client (MEMORY STATS).
+    pub startup_memory: AtomicUsize,
     pub lastsave_unix: AtomicU64,
     pub active_expire: AtomicBool,
     /// 40 hex characters naming this run of the server (INFO's run_id).
@@ -129,6 +131,7 @@ impl Shared {
             started: Instant::now(),
             shutting_down: AtomicBool::new(false),
             used_memory: AtomicUsize::new(0),
+            startup_memory: AtomicUsize::new(0),
             peak_memory: AtomicUsize::new(0),
             lastsave_unix: AtomicU64::new(0),
             active_expire: AtomicBool::new(true),
@@ -250,6 +253,19 @@ pub struct CmdStat {
     pub usec: u64,
     pub rejected: u64,
     pub failed: u64,
+    /// Calls by duration: bucket `k` counts calls of at most 2^k microseconds
+    /// (LATENCY HISTOGRAM).
+    pub hist: [u64; 32],
+}
+
+impl CmdStat {
+    #[inline]
+    pub fn record(&mut self, usec: u64) {
+        self.calls += 1;
+        self.usec += usec;
+        let bucket = (64 - usec.max(1).saturating_sub(1).leading_zeros()).min(31);
+        self.hist[bucket as usize] += 1;
+    }
 }
 
 /// Counters of one thread; INFO sums them over all threads.
@@ -1005,8 +1021,7 @@ pub fn exec_here(
     let st = &mut shard.stats;
     st.total_commands += 1;
     let c = &mut st.commands[cmd.id];
-    c.calls += 1;
-    c.usec += usec;
+    c.record(usec);
     if out.buf.get(start_len) == Some(&b'-') {
         c.failed += 1;
         st.record_error(&out.buf[start_len..]);
