@@ -49,13 +49,18 @@ pub struct BlockCall {
 /// What a blocked call does with a key once it holds something.
 #[derive(Clone, Debug)]
 pub enum BlockOp {
-    /// Takes nothing: tells the call the key holds something, and the call then runs its
-    /// non-blocking form (BLMOVE to a list on another shard).
-    Wake,
     /// BLPOP / BRPOP: one element, replied as `[key, element]`.
     ListPop { left: bool },
     /// BLMPOP: up to `count` elements, replied as `[key, [elements]]`.
     ListMultiPop { left: bool, count: usize },
+    /// BLMOVE / BRPOPLPUSH with the destination on another shard: the source's shard
+    /// pops, the destination's shard pushes and answers the client, and the command that
+    /// filled the source waits for that (and whatever it sets off) before it answers.
+    ListMoveAcross {
+        from_left: bool,
+        to_left: bool,
+        dst: Bytes,
+    },
     /// BLMOVE / BRPOPLPUSH with the destination on the same shard.
     ListMove {
         from_left: bool,
@@ -236,10 +241,10 @@ impl BlockTable {
 /// What `key` holds for `op` now.
 fn has_data(sh: &mut Shard, db: usize, key: &[u8], op: &BlockOp) -> Data {
     match op {
-        BlockOp::Wake
-        | BlockOp::ListPop { .. }
+        BlockOp::ListPop { .. }
         | BlockOp::ListMultiPop { .. }
-        | BlockOp::ListMove { .. } => lists::list_data(sh, db, key),
+        | BlockOp::ListMove { .. }
+        | BlockOp::ListMoveAcross { .. } => lists::list_data(sh, db, key),
         BlockOp::ZPop { .. } => zsets::zset_data(sh, db, key),
         BlockOp::XRead { reads, group, .. } => {
             let Some((_, from)) = reads.iter().find(|(k, _)| &k[..] == key) else {
@@ -270,7 +275,9 @@ fn blocked_by_locks(sh: &Shard, key: &[u8], op: &BlockOp) -> bool {
 fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) -> Delivery {
     let mut out = Reply::new(resp3);
     let undo = match op {
-        BlockOp::Wake => None,
+        BlockOp::ListMoveAcross { .. } => {
+            unreachable!("moves across shards are served by serve_across")
+        }
         BlockOp::ListMove { dst, .. } if !lists::move_target_ok(sh, db, dst) => {
             out.error(WRONGTYPE);
             None
@@ -380,6 +387,150 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
     }
 }
 
+fn side(left: bool) -> &'static [u8] {
+    if left {
+        b"LEFT"
+    } else {
+        b"RIGHT"
+    }
+}
+
+fn pop_name(left: bool) -> &'static [u8] {
+    if left {
+        b"LPOP"
+    } else {
+        b"RPOP"
+    }
+}
+
+fn push_name(left: bool) -> &'static [u8] {
+    if left {
+        b"LPUSH"
+    } else {
+        b"RPUSH"
+    }
+}
+
+/// Serves a BLMOVE whose destination lives on another shard: pops here, and sends the
+/// element to the destination's shard, which pushes it and answers the client. The
+/// command being served waits on `settling` until that shard (and any chain of moves it
+/// set off) is done. Each shard logs its own half (a pop here, a push there), so every
+/// key's history stays in order in the AOF and on replicas.
+fn serve_across(
+    sh: &mut Shard,
+    db: usize,
+    src: &Bytes,
+    (from_left, to_left): (bool, bool),
+    dst: Bytes,
+    deliver: mpsc::UnboundedSender<Delivery>,
+    resp3: bool,
+) {
+    let mut values = lists::pop_for_waiter(sh, db, src, from_left, 1);
+    let Some(value) = values.pop() else {
+        return;
+    };
+    sh.log_effect(db, &[pop_name(from_left), src]);
+    let (done, settled) = tokio::sync::oneshot::channel();
+    sh.settling.push(settled);
+    let landing = Landing {
+        db,
+        src: src.clone(),
+        src_shard: sh.shared.placement.shard_of(src),
+        from_left,
+        dst: dst.clone(),
+        to_left,
+        value,
+        deliver,
+        resp3,
+        done,
+    };
+    let target = sh.shared.placement.shard_of(&dst);
+    sh.shared
+        .send(target, Box::new(move |w: &Rc<Worker>| land(w, landing)));
+}
+
+/// An element of a BLMOVE on its way to its destination's shard.
+struct Landing {
+    db: usize,
+    src: Bytes,
+    src_shard: usize,
+    from_left: bool,
+    dst: Bytes,
+    to_left: bool,
+    value: Box<[u8]>,
+    deliver: mpsc::UnboundedSender<Delivery>,
+    resp3: bool,
+    done: tokio::sync::oneshot::Sender<()>,
+}
+
+/// On the destination's shard: pushes the moved element (or, when the destination is
+/// not a list, puts it back where it came from and fails the call), answers the client,
+/// serves whoever waits on the destination, and reports back once all that settled.
+fn land(w: &Rc<Worker>, l: Landing) {
+    let mut sh = w.shard.borrow_mut();
+    if !sh.locks.is_idle() && !sh.locks.is_free([&l.dst[..]]) {
+        let w2 = w.clone();
+        let keys = crate::shard::locks::LockKeys::Keys(vec![l.dst.clone()]);
+        sh.locks.enqueue(
+            keys,
+            crate::shard::locks::Waiting::Run(Box::new(move || land(&w2, l))),
+        );
+        return;
+    }
+    let db = l.db;
+    let mut out = Reply::new(l.resp3);
+    if !lists::move_target_ok(&mut sh, db, &l.dst) {
+        drop(sh);
+        out.error(WRONGTYPE);
+        let (src, from_left, value) = (l.src.clone(), l.from_left, l.value);
+        let back = move |w: &Rc<Worker>| {
+            let mut sh = w.shard.borrow_mut();
+            sh.log_effect(db, &[push_name(from_left), &src[..], &value[..]]);
+            lists::push_back_for_waiter(&mut sh, db, &src, from_left, vec![value]);
+            drop(sh);
+            crate::shard::after_command(w);
+        };
+        if l.src_shard == w.id {
+            back(w);
+        } else {
+            w.shared.send(l.src_shard, Box::new(back));
+        }
+        let _ = l.deliver.send(Delivery {
+            reply: out.buf,
+            undo: None,
+        });
+        let _ = l.done.send(());
+        return;
+    }
+    lists::push_for_waiter(&mut sh, db, &l.dst, l.to_left, &l.value);
+    sh.log_effect(db, &[push_name(l.to_left), &l.dst[..], &l.value[..]]);
+    let _ = (side(l.from_left), side(l.to_left));
+    out.bulk(&l.value);
+    // A client gone by now leaves the element in the destination, as a finished
+    // BLMOVE would have.
+    let _ = l.deliver.send(Delivery {
+        reply: out.buf,
+        undo: None,
+    });
+    let earlier = std::mem::take(&mut sh.settling);
+    drop(sh);
+    crate::shard::after_command(w);
+    let mut sh = w.shard.borrow_mut();
+    let nested = std::mem::replace(&mut sh.settling, earlier);
+    drop(sh);
+    if nested.is_empty() {
+        let _ = l.done.send(());
+    } else {
+        let done = l.done;
+        tokio::task::spawn_local(async move {
+            for n in nested {
+                let _ = n.await;
+            }
+            let _ = done.send(());
+        });
+    }
+}
+
 /// Serves waiters of every key marked ready on this thread's shard.
 pub fn serve_ready(worker: &Rc<Worker>) {
     let mut sh = worker.shard.borrow_mut();
@@ -409,6 +560,23 @@ pub fn serve_ready(worker: &Rc<Worker>) {
                     .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                     .is_err()
                 {
+                    continue;
+                }
+                if let BlockOp::ListMoveAcross {
+                    from_left,
+                    to_left,
+                    dst,
+                } = &*w.op
+                {
+                    serve_across(
+                        &mut sh,
+                        db,
+                        &key,
+                        (*from_left, *to_left),
+                        dst.clone(),
+                        w.deliver.clone(),
+                        w.resp3,
+                    );
                     continue;
                 }
                 let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
@@ -512,7 +680,9 @@ fn try_or_register(
             Data::WrongType => return Tried::WrongType,
             Data::Ready => {}
         }
-        if blocked_by_locks(&sh, key, &op) {
+        // A move across shards is never served here: the serving shard's after-command
+        // pass does it, so the push lands and settles like any other.
+        if blocked_by_locks(&sh, key, &op) || matches!(*op, BlockOp::ListMoveAcross { .. }) {
             waits_for_lock = true;
             continue;
         }
@@ -656,9 +826,8 @@ fn write_outcome(sess: &mut Session, outcome: Outcome) {
     }
 }
 
-/// BLMOVE from a list on one shard to a list on another: waits until the source holds
-/// something, then moves it with a cross-shard transaction; if another client took the
-/// element first, waits again for what is left of the timeout.
+/// BLMOVE from a list on one shard to a list on another: moves at once with a cross-shard
+/// transaction when the source holds something, else waits for `serve_across`.
 async fn move_across_shards(
     sess: &mut Session,
     src: Bytes,
@@ -667,38 +836,29 @@ async fn move_across_shards(
     to_left: bool,
     timeout: Option<Duration>,
 ) {
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-    loop {
-        let tx =
-            crate::shard::tx::Tx::lock_keys(&sess.worker, &[src.clone(), dst.clone()], false).await;
-        let mark = sess.out.buf.len();
-        let db = sess.db;
-        // `move_across` names its effect (LMOVE); a move that found nothing logs nothing.
-        let effect = lists::move_effect(&src, &dst, from_left, to_left);
-        let moved = lists::move_across(sess, src.clone(), dst.clone(), from_left, to_left, &tx);
-        tx.logged(db, &effect, moved).await;
-        drop(tx);
-        let written = &sess.out.buf[mark..];
-        let null = written == b"$-1\r\n" || written == b"_\r\n";
-        if !null {
-            return;
-        }
-        sess.out.buf.truncate(mark);
-        let left = match deadline {
-            None => None,
-            Some(d) => {
-                let now = tokio::time::Instant::now();
-                if now >= d {
-                    return sess.out.null_array();
-                }
-                Some(d - now)
-            }
-        };
-        match block(sess, std::slice::from_ref(&src), BlockOp::Wake, left).await {
-            Outcome::Served(_) => continue,
-            other => return write_outcome(sess, other),
-        }
+    let tx =
+        crate::shard::tx::Tx::lock_keys(&sess.worker, &[src.clone(), dst.clone()], false).await;
+    let mark = sess.out.buf.len();
+    let db = sess.db;
+    // `move_across` names its effect (LMOVE); a move that found nothing logs nothing.
+    let effect = lists::move_effect(&src, &dst, from_left, to_left);
+    let moved = lists::move_across(sess, src.clone(), dst.clone(), from_left, to_left, &tx);
+    tx.logged(db, &effect, moved).await;
+    drop(tx);
+    let written = &sess.out.buf[mark..];
+    if written != b"$-1\r\n" && written != b"_\r\n" {
+        return;
     }
+    sess.out.buf.truncate(mark);
+    // Wait as a move across shards: the source's shard pops and the destination's
+    // pushes when an element comes, before the command that brought it answers.
+    let op = BlockOp::ListMoveAcross {
+        from_left,
+        to_left,
+        dst,
+    };
+    let outcome = block(sess, std::slice::from_ref(&src), op, timeout).await;
+    write_outcome(sess, outcome);
 }
 
 /// Blocks on `keys` for `op`: the heart of every blocking command.
@@ -748,7 +908,13 @@ pub async fn block(
         let (keys_here, op2, claim2, tx2) =
             (part.keys.clone(), op.clone(), claim.clone(), tx.clone());
         let tried = hop(&worker, part.shard, move |w| {
-            try_or_register(w, db, keys_here, op2, resp3, claim2, tx2, true)
+            let t = try_or_register(w, db, keys_here, op2, resp3, claim2, tx2, true);
+            // A key that already holds something is served by the after-command pass.
+            if w.shard.borrow().blocking.has_ready() {
+                crate::shard::after_command(w);
+                w.shard.borrow_mut().settling.clear();
+            }
+            t
         })
         .await;
         registered.push(part.shard);

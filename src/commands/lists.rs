@@ -943,6 +943,11 @@ pub fn move_for_waiter(
     v
 }
 
+/// Pushes an element a blocked move brought from another shard.
+pub fn push_for_waiter(sh: &mut Shard, db: usize, key: &[u8], left: bool, value: &[u8]) {
+    push_one(sh, db, key, left, value);
+}
+
 /// Puts back elements taken for a client that left before it got them.
 pub fn push_back_for_waiter(
     sh: &mut Shard,

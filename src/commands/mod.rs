@@ -9,6 +9,7 @@ pub mod hyperloglog;
 pub mod keys;
 pub mod lists;
 pub mod lolwut;
+pub mod migrate;
 pub mod persistence;
 pub mod pubsub;
 pub mod replication;
@@ -732,30 +733,37 @@ async fn run_on_shard(
 ) {
     let worker = sess.worker.clone();
     if target == worker.id {
-        let mut shard = worker.shard.borrow_mut();
-        let free = shard.locks.is_idle() || {
-            let pos = cmd.key_positions(&args);
-            shard.locks.is_free(pos.iter().map(|&i| &args[i][..]))
+        let reader = sess.reader();
+        // Some(pending) when it ran here; the shard is not held across the awaits below.
+        let ran = {
+            let mut shard = worker.shard.borrow_mut();
+            let free = shard.locks.is_idle() || {
+                let pos = cmd.key_positions(&args);
+                shard.locks.is_free(pos.iter().map(|&i| &args[i][..]))
+            };
+            free.then(|| {
+                shard.stats.inline += 1;
+                shard.current = reader;
+                exec_here(
+                    &mut shard,
+                    cmd,
+                    f,
+                    &args,
+                    sess.db,
+                    &mut sess.out,
+                    sess.no_touch,
+                );
+                shard.current = None;
+                shard.blocking.has_ready()
+                    || !shard.events.is_empty()
+                    || shard.tracking.has_pending()
+            })
         };
-        if free {
-            shard.stats.inline += 1;
-            shard.current = sess.reader();
-            exec_here(
-                &mut shard,
-                cmd,
-                f,
-                &args,
-                sess.db,
-                &mut sess.out,
-                sess.no_touch,
-            );
-            shard.current = None;
-            let pending = shard.blocking.has_ready()
-                || !shard.events.is_empty()
-                || shard.tracking.has_pending();
-            drop(shard);
+        if let Some(pending) = ran {
             if pending {
                 crate::shard::after_command(&worker);
+                let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
+                crate::shard::settle(moves).await;
             }
             return;
         }
@@ -772,8 +780,9 @@ async fn run_on_shard(
         atomic: None,
         reader: sess.reader(),
     };
-    let reply = run_batch_on(&worker, target, cmds, spec).await.out;
-    sess.out.buf.extend_from_slice(&reply.buf);
+    let result = run_batch_on(&worker, target, cmds, spec).await;
+    crate::shard::settle(result.settle).await;
+    sess.out.buf.extend_from_slice(&result.out.buf);
 }
 
 /// Logs a command that changed state outside the shards (FUNCTION LOAD...), or that ran

@@ -17,6 +17,11 @@ use crate::shard::{ExecCtx, Shard};
 use crate::types::list::List;
 use crate::types::value::{Value, WRONGTYPE};
 
+/// Reads what a pattern names: a key, and a hash field.
+type Lookup<'a> = dyn FnMut(&[u8], Option<&[u8]>) -> Option<Vec<u8>> + 'a;
+/// A key a pattern names, with its hash field.
+type Named = (Vec<u8>, Option<Vec<u8>>);
+
 const NOT_DOUBLE: &str = "ERR One or more scores can't be converted into double";
 
 struct Spec {
@@ -183,7 +188,7 @@ fn sort_elements(
     kind: Kind,
     elements: Vec<Bytes>,
     in_script: bool,
-    lookup: &mut dyn FnMut(&[u8], Option<&[u8]>) -> Option<Vec<u8>>,
+    lookup: &mut Lookup,
 ) -> Result<Vec<Bytes>, &'static str> {
     let (mut dont_sort, mut alpha, mut by) = (spec.dont_sort, spec.alpha, spec.by.clone());
     if dont_sort && kind == Kind::Set && (spec.store.is_some() || in_script) {
@@ -285,11 +290,7 @@ fn sort_elements(
 }
 
 /// GET's values for each selected element, in order (None: nothing there).
-fn get_values(
-    spec: &Spec,
-    selected: &[Bytes],
-    lookup: &mut dyn FnMut(&[u8], Option<&[u8]>) -> Option<Vec<u8>>,
-) -> Vec<Option<Bytes>> {
+fn get_values(spec: &Spec, selected: &[Bytes], lookup: &mut Lookup) -> Vec<Option<Bytes>> {
     if spec.gets.is_empty() {
         return selected.iter().cloned().map(Some).collect();
     }
@@ -398,7 +399,7 @@ cross_handler!(sort_cross, |sess, args, tx| {
     };
     // Every key a pattern names, read where it lives: gather them first, then look
     // them up from what came back.
-    let mut wanted: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+    let mut wanted: Vec<Named> = Vec::new();
     let mut patterns: Vec<&Bytes> = spec.gets.iter().filter(|g| &g[..] != b"#").collect();
     if let Some(b) = spec.by.as_ref().filter(|_| !spec.dont_sort) {
         patterns.push(b);
@@ -410,7 +411,7 @@ cross_handler!(sort_cross, |sess, args, tx| {
             }
         }
     }
-    let mut by_shard: Vec<(usize, Vec<(Vec<u8>, Option<Vec<u8>>)>)> = Vec::new();
+    let mut by_shard: Vec<(usize, Vec<Named>)> = Vec::new();
     for w in wanted {
         let s = sess.worker.shard_of(&w.0);
         match by_shard.iter_mut().find(|g| g.0 == s) {
@@ -418,7 +419,7 @@ cross_handler!(sort_cross, |sess, args, tx| {
             None => by_shard.push((s, vec![w])),
         }
     }
-    let mut values: std::collections::HashMap<(Vec<u8>, Option<Vec<u8>>), Option<Vec<u8>>> =
+    let mut values: std::collections::HashMap<Named, Option<Vec<u8>>> =
         std::collections::HashMap::new();
     for (shard, keys) in by_shard {
         let got = tx

@@ -5,8 +5,8 @@ use bytes::Bytes;
 
 use super::{
     acl, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys, lists,
-    lolwut, persistence, pubsub, replication, scripting, server, sets, sort, streams, strings,
-    transactions as tx, zsets,
+    lolwut, migrate, persistence, pubsub, replication, scripting, server, sets, sort, streams,
+    strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};
@@ -58,6 +58,7 @@ const KBUTLAST: Keys = Keys::Range(1, -2, 1);
 
 const GEORADIUS_KEYS: Keys = Keys::Custom(geo::georadius_keys, (1, 1, 1));
 const SORT_KEYS: Keys = Keys::Custom(sort::sort_keys, (1, 1, 1));
+const MIGRATE_KEYS: Keys = Keys::Custom(migrate::migrate_keys, (3, 3, 1));
 const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (3, 3, 1));
 
 const ACL_SUBCOMMANDS: &[(&str, i32, &str)] = &[
@@ -288,6 +289,7 @@ pub fn all() -> Vec<Command> {
         c("hincrby", 4, "write denyoom fast", K1, "hash", "2.0.0", "Adds an integer to a hash field.", Shard(hashes::hincrby)),
         c("hincrbyfloat", 4, "write denyoom fast", K1, "hash", "2.6.0", "Adds a floating point number to a hash field.", Shard(hashes::hincrbyfloat)),
         c("hrandfield", -2, "readonly", K1, "hash", "6.2.0", "Returns random fields of a hash, optionally with values.", Shard(hashes::hrandfield)),
+        c("migrate", -6, "write", MIGRATE_KEYS, "generic", "2.6.0", "Moves keys to another server, atomically here.", Async(migrate::migrate)),
         // SORT
         spreading(c("sort", -2, "write denyoom", SORT_KEYS, "generic", "1.0.0", "Sorts the elements of a list, set or sorted set, optionally storing the result.", Multi(sort::sort, sort::sort_cross)), sort::spreads),
         spreading(c("sort_ro", -2, "readonly", K1, "generic", "7.0.0", "Sorts the elements of a list, set or sorted set.", Multi(sort::sort, sort::sort_cross)), sort::spreads),

@@ -260,7 +260,8 @@ async_handler!(exec, |sess, _args| {
                 }
             }
             let cmds: VecDeque<_> = m.queued.into_iter().collect();
-            let result = run_batch_on(&worker, target, cmds, spec).await;
+            let mut result = run_batch_on(&worker, target, cmds, spec).await;
+            crate::shard::settle(std::mem::take(&mut result.settle)).await;
             if result.aborted {
                 sess.out.null_array();
             } else {

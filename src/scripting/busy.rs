@@ -133,6 +133,7 @@ fn answer_mailbox(worker: &Rc<Worker>) {
                     events: Vec::new(),
                     aborted: false,
                     rest: Default::default(),
+                    settle: Vec::new(),
                 });
             }
             other => worker.deferred.borrow_mut().push_back(other),

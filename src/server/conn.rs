@@ -698,7 +698,8 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
                     atomic: None,
                     reader: None,
                 };
-                let result = run_batch_on(&worker, target, batch, spec).await;
+                let mut result = run_batch_on(&worker, target, batch, spec).await;
+                crate::shard::settle(std::mem::take(&mut result.settle)).await;
                 sess.out.buf.extend_from_slice(&result.out.buf);
                 if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
                     sess.handle.kill();

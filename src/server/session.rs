@@ -202,7 +202,7 @@ impl Session {
             id: self.id,
             thread: self.worker.id,
             noloop: t.noloop,
-            remember: !t.bcast && (!t.optin || self.caching) && !(t.optout && self.caching),
+            remember: !(t.bcast || (t.optin && !self.caching) || (t.optout && self.caching)),
         })
     }
 

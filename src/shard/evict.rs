@@ -91,11 +91,7 @@ pub fn lfu_decayed(field: u32, now_ms: u64, decay_time: u64) -> u32 {
     } else {
         65535 - ldt + now
     };
-    let periods = if decay_time > 0 {
-        elapsed as u64 / decay_time
-    } else {
-        0
-    };
+    let periods = (elapsed as u64).checked_div(decay_time).unwrap_or(0);
     counter.saturating_sub(periods.min(255) as u32)
 }
 

@@ -328,6 +328,9 @@ pub struct Shard {
     pub events: Vec<(usize, &'static str, Bytes)>,
     /// Keys tracked for client-side caching, and invalidations on their way out.
     pub tracking: crate::tracking::Table,
+    /// Blocked moves this shard's last command set off on other shards: the command
+    /// answers once they have landed (`blocking::serve_across`).
+    pub settling: Vec<tokio::sync::oneshot::Receiver<()>>,
     /// The tracking connection the running command belongs to, if any.
     pub current: Option<crate::tracking::Reader>,
     pub stats: Stats,
@@ -366,6 +369,7 @@ impl Shard {
             blocking: Default::default(),
             events: Vec::new(),
             tracking: Default::default(),
+            settling: Vec::new(),
             current: None,
             watches: WatchTable::new(databases),
             stats: Stats {
@@ -947,6 +951,15 @@ pub struct BatchResult {
     /// Commands of a pipelined batch left for a later batch once its replies grew past
     /// `BATCH_REPLY_LIMIT`, so a pipeline of large replies is written out in parts.
     pub rest: VecDeque<(&'static Command, Vec<Bytes>)>,
+    /// Blocked moves the batch set off on other shards, to wait for before answering.
+    pub settle: Vec<oneshot::Receiver<()>>,
+}
+
+/// Waits until the blocked moves a command set off have landed.
+pub async fn settle(pending: Vec<oneshot::Receiver<()>>) {
+    for p in pending {
+        let _ = p.await;
+    }
 }
 
 /// Reply bytes after which a pipelined (non-atomic) batch hands back its remaining
@@ -1093,6 +1106,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
                 events: Vec::new(),
                 aborted: true,
                 rest: VecDeque::new(),
+                settle: Vec::new(),
             });
             return;
         }
@@ -1159,11 +1173,13 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     drop(shard);
     let sink = batch.remote.then_some(&mut batch.events);
     after_command_into(worker, sink);
+    let settle = std::mem::take(&mut worker.shard.borrow_mut().settling);
     let _ = batch.done.send(BatchResult {
         out: batch.out,
         events: batch.events,
         aborted: false,
         rest: batch.cmds,
+        settle,
     });
 }
 

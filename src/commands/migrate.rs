@@ -1,0 +1,276 @@
+//! MIGRATE: moves keys to another server (Kite or Redis) as DUMP payloads sent with
+//! RESTORE, then deletes them here unless COPY is given.
+//!
+//! The keys are held by a transaction for the whole exchange, so nothing changes them
+//! between the DUMP and the DEL, as Redis's blocking MIGRATE guarantees. Every network
+//! step is bounded by the command's timeout. A fresh connection is made for each call
+//! (Redis keeps one cached for ten seconds; that saves a handshake, not a behaviour).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::util::{eq_ci, parse_i64, SYNTAX_ERR};
+use crate::async_handler;
+use crate::server::session::Session;
+use crate::shard::tx::{keys_by_shard, Tx};
+
+struct Request {
+    host: String,
+    port: u16,
+    db: i64,
+    timeout: Duration,
+    copy: bool,
+    replace: bool,
+    auth: Option<(Option<Bytes>, Bytes)>,
+    keys: Vec<Bytes>,
+}
+
+fn parse(args: &[Bytes]) -> Result<Request, &'static str> {
+    let (mut copy, mut replace, mut auth) = (false, false, None);
+    let mut keys = vec![args[3].clone()];
+    let mut j = 6;
+    while j < args.len() {
+        let more = args.len() - 1 - j;
+        let a = &args[j];
+        if eq_ci(a, "copy") {
+            copy = true;
+        } else if eq_ci(a, "replace") {
+            replace = true;
+        } else if eq_ci(a, "auth") {
+            if more < 1 {
+                return Err(SYNTAX_ERR);
+            }
+            auth = Some((None, args[j + 1].clone()));
+            j += 1;
+        } else if eq_ci(a, "auth2") {
+            if more < 2 {
+                return Err(SYNTAX_ERR);
+            }
+            auth = Some((Some(args[j + 1].clone()), args[j + 2].clone()));
+            j += 2;
+        } else if eq_ci(a, "keys") {
+            if !args[3].is_empty() {
+                return Err(
+                    "ERR When using MIGRATE KEYS option, the key argument must be set to the empty string",
+                );
+            }
+            keys = args[j + 1..].to_vec();
+            break;
+        } else {
+            return Err(SYNTAX_ERR);
+        }
+        j += 1;
+    }
+    let timeout = parse_i64(&args[5])?;
+    let db = parse_i64(&args[4])?;
+    let timeout = if timeout <= 0 { 1000 } else { timeout as u64 };
+    // The port is read as atoi reads it, as Redis does when it connects.
+    let port_text = String::from_utf8_lossy(&args[2]);
+    let digits: String = port_text
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    let port = digits.parse::<u16>().unwrap_or(0);
+    Ok(Request {
+        host: String::from_utf8_lossy(&args[1]).into_owned(),
+        port,
+        db,
+        timeout: Duration::from_millis(timeout),
+        copy,
+        replace,
+        auth,
+        keys,
+    })
+}
+
+fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+enum Failure {
+    Connect,
+    Write,
+    Read,
+}
+
+impl Failure {
+    fn text(&self) -> &'static str {
+        match self {
+            Failure::Connect => "IOERR error or timeout connecting to the client",
+            Failure::Write => "IOERR error or timeout writing to target instance",
+            Failure::Read => "IOERR error or timeout reading to target instance",
+        }
+    }
+}
+
+/// Sends the requests and reads one reply line per request.
+async fn exchange(req: &Request, payload: &[u8], replies: usize) -> Result<Vec<String>, Failure> {
+    let t = req.timeout;
+    let conn = tokio::time::timeout(t, TcpStream::connect((req.host.as_str(), req.port)))
+        .await
+        .map_err(|_| Failure::Connect)?
+        .map_err(|_| Failure::Connect)?;
+    let _ = conn.set_nodelay(true);
+    let (rd, mut wr) = conn.into_split();
+    tokio::time::timeout(t, wr.write_all(payload))
+        .await
+        .map_err(|_| Failure::Write)?
+        .map_err(|_| Failure::Write)?;
+    let mut rd = BufReader::new(rd);
+    let mut lines = Vec::with_capacity(replies);
+    for _ in 0..replies {
+        let mut line = String::new();
+        let n = tokio::time::timeout(t, rd.read_line(&mut line))
+            .await
+            .map_err(|_| Failure::Read)?
+            .map_err(|_| Failure::Read)?;
+        if n == 0 {
+            return Err(Failure::Read);
+        }
+        lines.push(line.trim_end_matches(['\r', '\n']).to_string());
+    }
+    Ok(lines)
+}
+
+async_handler!(migrate, |sess, args| {
+    let req = match parse(&args) {
+        Ok(r) => r,
+        Err(e) => return sess.error(e),
+    };
+    run(sess, req).await;
+});
+
+async fn run(sess: &mut Session, req: Request) {
+    let db = sess.db;
+    let tx = Tx::lock_keys(&sess.worker, &req.keys, false).await;
+    // DUMP each key that exists, with its remaining time to live.
+    let opts = {
+        let c = sess.worker.shared.config.lock().expect("config lock");
+        crate::persist::rdb::write::Options {
+            version: c.get_i64("rdb-version") as u16,
+            compress: c.get_bool("rdbcompression"),
+        }
+    };
+    let mut found: Vec<(Bytes, Vec<u8>, i64)> = Vec::new();
+    for k in &req.keys {
+        let key = k.clone();
+        let o = opts;
+        let dumped = tx
+            .run(sess.worker.shard_of(k), move |sh| {
+                sh.with_ctx(db, |ctx| {
+                    let now = ctx.now_ms;
+                    ctx.get_read(&key).map(|e| {
+                        let ttl = match e.expire_at() {
+                            0 => 0,
+                            at => (at as i64 - now as i64).max(1),
+                        };
+                        (crate::persist::rdb::write::dump_payload(&e.value, &o), ttl)
+                    })
+                })
+            })
+            .await;
+        if let Some((payload, ttl)) = dumped {
+            found.push((k.clone(), payload, ttl));
+        }
+    }
+    if found.is_empty() {
+        return sess.out.simple("NOKEY");
+    }
+    let mut wire = Vec::new();
+    let mut replies = 0;
+    if let Some((user, pass)) = &req.auth {
+        match user {
+            Some(u) => encode(&mut wire, &[b"AUTH", u, pass]),
+            None => encode(&mut wire, &[b"AUTH", pass]),
+        }
+        replies += 1;
+    }
+    encode(&mut wire, &[b"SELECT", req.db.to_string().as_bytes()]);
+    replies += 1;
+    let head = replies;
+    for (key, payload, ttl) in &found {
+        let ttl = ttl.to_string();
+        if req.replace {
+            encode(
+                &mut wire,
+                &[b"RESTORE", key, ttl.as_bytes(), payload, b"REPLACE"],
+            );
+        } else {
+            encode(&mut wire, &[b"RESTORE", key, ttl.as_bytes(), payload]);
+        }
+        replies += 1;
+    }
+    let lines = match exchange(&req, &wire, replies).await {
+        Ok(l) => l,
+        Err(f) => return sess.error(f.text()),
+    };
+    // An error from AUTH or SELECT fails every key; a RESTORE error fails its own.
+    let setup_error = lines[..head].iter().find(|l| l.starts_with('-')).cloned();
+    let mut error = setup_error.clone();
+    let mut moved = Vec::new();
+    for ((key, _, _), line) in found.iter().zip(&lines[head..]) {
+        if setup_error.is_some() || line.starts_with('-') {
+            if error.is_none() {
+                error = Some(line.clone());
+            }
+        } else if !req.copy {
+            moved.push(key.clone());
+        }
+    }
+    if !moved.is_empty() {
+        for (shard, keys) in keys_by_shard(&sess.worker, moved.iter()) {
+            tx.run(shard, move |sh| {
+                sh.with_ctx(db, |ctx| {
+                    for k in &keys {
+                        if ctx.delete(k) {
+                            ctx.notify(b'g', "del", k);
+                        }
+                    }
+                })
+            })
+            .await;
+        }
+        // The replicas and the AOF see the keys go as one DEL, as Redis propagates it.
+        let mut del = vec![Bytes::from_static(b"DEL")];
+        del.extend(moved);
+        tx.log(db, &del);
+    }
+    drop(tx);
+    match error {
+        Some(e) => sess.error(&format!(
+            "ERR Target instance replied with error: {}",
+            e.trim_start_matches('-')
+        )),
+        None => sess.out.ok(),
+    }
+}
+
+/// Key positions: the key argument, or what follows KEYS.
+pub fn migrate_keys(args: &[Bytes]) -> Vec<usize> {
+    let mut j = 6;
+    while j < args.len() {
+        if eq_ci(&args[j], "keys") {
+            return (j + 1..args.len()).collect();
+        }
+        if eq_ci(&args[j], "auth") {
+            j += 1;
+        } else if eq_ci(&args[j], "auth2") {
+            j += 2;
+        }
+        j += 1;
+    }
+    if args.len() > 3 && !args[3].is_empty() {
+        vec![3]
+    } else {
+        Vec::new()
+    }
+}
