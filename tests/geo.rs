@@ -23,45 +23,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------
-// Keys on chosen shards
-// ---------------------------------------------------------------------------------------
-
-/// CRC16/XMODEM, the Redis Cluster slot hash.
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// Kite's shard of a key without hashtag: slot modulo the thread count.
-fn shard_of(key: &str, threads: usize) -> usize {
-    (crc16(key.as_bytes()) as usize % 16384) % threads
-}
-
-/// `n` keys `<prefix><i>` with key `j` on shard `j % 4` of a 4-thread Kite.
-fn spread_keys(prefix: &str, n: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while out.len() < n {
-        let key = format!("{prefix}{i}");
-        if shard_of(&key, 4) == out.len() % 4 {
-            out.push(key);
-        }
-        i += 1;
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------
 // Comparing replies
 // ---------------------------------------------------------------------------------------
 

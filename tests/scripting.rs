@@ -265,27 +265,6 @@ fn run_against_redis(threads: usize, scenarios: &[(&str, Scenario)]) {
 // Keys on chosen shards
 // ---------------------------------------------------------------------------
 
-/// CRC16/XMODEM, the Redis Cluster slot hash.
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// Kite's shard of a key without hashtag or queue prefix: slot modulo the thread count.
-fn shard_of(key: &str, threads: usize) -> usize {
-    (crc16(key.as_bytes()) as usize % 16384) % threads
-}
-
 /// Four keys named `<prefix><n>` that live on shards 0, 1, 2 and 3 of a 4-thread Kite.
 fn spread_keys(prefix: &str) -> [String; 4] {
     let mut found: [Option<String>; 4] = [None, None, None, None];
