@@ -16,6 +16,30 @@ use super::util::{eq_ci, parse_i64, SYNTAX_ERR};
 use crate::async_handler;
 use crate::server::session::Session;
 use crate::shard::tx::{keys_by_shard, Tx};
+use crate::shard::Shard;
+
+/// Who holds the keys while MIGRATE works: its own transaction, or the EXEC it runs in
+/// (which holds every shard already; taking locks again would wait on itself).
+enum Held {
+    Own(Tx),
+    Exec,
+}
+
+impl Held {
+    async fn run<R, F>(&self, sess: &Session, shard: usize, f: F) -> R
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Shard) -> R + Send + 'static,
+    {
+        match self {
+            Held::Own(tx) => tx.run(shard, f).await,
+            Held::Exec => {
+                crate::shard::hop(&sess.worker, shard, move |w| f(&mut w.shard.borrow_mut()))
+                    .await
+            }
+        }
+    }
+}
 
 struct Request {
     host: String,
@@ -151,7 +175,11 @@ async_handler!(migrate, |sess, args| {
 
 async fn run(sess: &mut Session, req: Request) {
     let db = sess.db;
-    let tx = Tx::lock_keys(&sess.worker, &req.keys, false).await;
+    let tx = if sess.in_exec {
+        Held::Exec
+    } else {
+        Held::Own(Tx::lock_keys(&sess.worker, &req.keys, false).await)
+    };
     // DUMP each key that exists, with its remaining time to live.
     let opts = {
         let c = sess.worker.shared.config.lock().expect("config lock");
@@ -165,7 +193,7 @@ async fn run(sess: &mut Session, req: Request) {
         let key = k.clone();
         let o = opts;
         let dumped = tx
-            .run(sess.worker.shard_of(k), move |sh| {
+            .run(sess, sess.worker.shard_of(k), move |sh| {
                 sh.with_ctx(db, |ctx| {
                     let now = ctx.now_ms;
                     ctx.get_read(&key).map(|e| {
@@ -228,7 +256,7 @@ async fn run(sess: &mut Session, req: Request) {
     }
     if !moved.is_empty() {
         for (shard, keys) in keys_by_shard(&sess.worker, moved.iter()) {
-            tx.run(shard, move |sh| {
+            tx.run(sess, shard, move |sh| {
                 sh.with_ctx(db, |ctx| {
                     for k in &keys {
                         if ctx.delete(k) {
@@ -242,7 +270,10 @@ async fn run(sess: &mut Session, req: Request) {
         // The replicas and the AOF see the keys go as one DEL, as Redis propagates it.
         let mut del = vec![Bytes::from_static(b"DEL")];
         del.extend(moved);
-        tx.log(db, &del);
+        match &tx {
+            Held::Own(tx) => tx.log(db, &del),
+            Held::Exec => super::log_global_effect(sess, &del),
+        }
     }
     drop(tx);
     match error {

@@ -1,6 +1,7 @@
 //! Commands: the table (in `table.rs`), routing to shards, and one file per family.
 
 pub mod acl;
+pub mod cluster;
 pub mod connection;
 pub mod diagnostics;
 pub mod geo;
@@ -342,7 +343,11 @@ pub fn arity_error(name: &str) -> String {
 /// Checks a container command's subcommand name and arity, as Redis 7 does before
 /// running it.
 pub fn check_subcommand(cmd: &Command, args: &[Bytes]) -> Result<(), String> {
-    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    // A container that runs bare (COMMAND) has nothing to check.
+    let Some(first) = args.get(1) else {
+        return Ok(());
+    };
+    let sub = String::from_utf8_lossy(first).to_ascii_lowercase();
     match cmd.subcommands.iter().find(|(n, _, _)| *n == sub) {
         None => Err(format!(
             "ERR unknown subcommand '{}'. Try {} HELP.",
@@ -584,7 +589,12 @@ async fn execute_command(sess: &mut Session, cmd: Option<&'static Command>, args
         .monitors
         .load(std::sync::atomic::Ordering::Relaxed)
         > 0
-        && !cmd.has(flags::SKIP_MONITOR)
+        // Scripts are shown before the commands they run, as Redis feeds them.
+        && (!cmd.has(flags::SKIP_MONITOR)
+            || matches!(
+                cmd.name,
+                "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro"
+            ))
     {
         server::feed_monitors(sess, cmd, &args);
     }

@@ -784,13 +784,19 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
                     args[4].clone(),
                 ));
             }
-            let names: Vec<&str> = t
-                .commands
-                .iter()
-                .filter(|c| match &filter {
+            // Every command, each followed by its subcommands as `container|sub`.
+            let all = t.commands.iter().flat_map(|c| {
+                std::iter::once((c, c.name.to_string())).chain(
+                    c.subcommands
+                        .iter()
+                        .map(move |(sub, _, _)| (c, format!("{}|{}", c.name, sub))),
+                )
+            });
+            let names: Vec<String> = all
+                .filter(|(c, name)| match &filter {
                     None => true,
                     Some((kind, v)) => match kind.as_str() {
-                        "pattern" => glob_match(v, c.name.as_bytes(), true),
+                        "pattern" => glob_match(v, name.as_bytes(), true),
                         "aclcat" => {
                             let want =
                                 format!("@{}", String::from_utf8_lossy(v).to_ascii_lowercase());
@@ -799,7 +805,7 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
                         _ => false,
                     },
                 })
-                .map(|c| c.name)
+                .map(|(_, name)| name)
                 .collect();
             if let Some((kind, _)) = &filter {
                 if !["pattern", "aclcat", "module"].contains(&kind.as_str()) {
@@ -812,6 +818,50 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
             }
         }
         "help" => help(sess, COMMAND_HELP),
+        _ => unreachable!("subcommands are checked before dispatch"),
+    }
+}
+
+// ---- MODULE ----
+
+pub const MODULE_SUBCOMMANDS: &[(&str, i32, &str)] = &[
+    ("help", 2, "loading stale"),
+    ("list", 2, "admin noscript"),
+    ("load", -3, "admin noscript no_async_loading"),
+    ("loadex", -3, "admin noscript no_async_loading"),
+    ("unload", 3, "admin noscript no_async_loading"),
+];
+
+const MODULE_HELP: &[&str] = &[
+    "MODULE <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "LIST",
+    "    The loaded modules (Kite loads none).",
+    "LOAD <path> [<arg> ...]",
+    "    Kite cannot load Redis modules: answers an error.",
+    "LOADEX <path> [[CONFIG NAME VALUE] [CONFIG NAME VALUE]] [ARGS ...]",
+    "    Kite cannot load Redis modules: answers an error.",
+    "UNLOAD <name>",
+    "    Answers that no such module is loaded.",
+    "HELP",
+    "    Print this help.",
+];
+
+/// MODULE: Kite runs no Redis modules (they are C code built against Redis's internals),
+/// so the list is empty and loading fails the way a failed load does in Redis.
+pub fn module(sess: &mut Session, args: &[Bytes]) {
+    let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
+    match sub.as_str() {
+        "list" => sess.out.array(0),
+        "load" | "loadex" => {
+            tracing::warn!(
+                "MODULE {}: Kite cannot load Redis modules ({})",
+                sub.to_ascii_uppercase(),
+                String::from_utf8_lossy(&args[2])
+            );
+            sess.error("ERR Error loading the extension. Please check the server logs.")
+        }
+        "unload" => sess.error("ERR Error unloading module: no such module with that name"),
+        "help" => help(sess, MODULE_HELP),
         _ => unreachable!("subcommands are checked before dispatch"),
     }
 }
@@ -876,6 +926,8 @@ const DEBUG_HELP: &[&str] = &[
     "    Internal details of the value stored at <key>.",
     "RELOAD [MERGE] [NOFLUSH] [NOSAVE]",
     "    Save the RDB on disk and reload it back to memory.",
+    "ERROR <string>",
+    "    Replies with <string> as an error (code included).",
     "SET-ACTIVE-EXPIRE <0|1>",
     "    Turns active expiry off or on.",
     "AOF-FSYNC-FAULT <PAUSE|FAIL|OFF>",
@@ -916,6 +968,17 @@ async_handler!(debug, |sess, args| {
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match (sub.as_str(), args.len()) {
         ("help", 2) => help(sess, DEBUG_HELP),
+        ("error", 3) => {
+            // Replies with the given error, code and all (clients test their error
+            // handling with it), newlines made spaces.
+            let text: Vec<u8> = args[2]
+                .iter()
+                .map(|&c| if c == b'\r' || c == b'\n' { b' ' } else { c })
+                .collect();
+            sess.out.raw(b"-");
+            sess.out.raw(&text);
+            sess.out.raw(b"\r\n");
+        }
         ("reload", _) => super::persistence::debug_reload(sess, &args[2..]).await,
         ("sleep", 3) => {
             let secs = parse_f64(&args[2]).unwrap_or(0.0).max(0.0);
@@ -1100,14 +1163,30 @@ fn monitor_repr(out: &mut Vec<u8>, arg: &[u8]) {
 
 /// Sends the line for a command about to run to every MONITOR connection.
 pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
-    let us = unix_us();
     let addr = sess.handle.info.borrow().addr.clone();
+    // A monitoring connection's own RESET ends its monitoring before the line would
+    // reach it (Redis feeds monitors once the command has run).
+    let skip = (cmd.name == "reset").then_some(sess.id);
+    feed_monitor_line(&sess.worker, sess.db, &addr, cmd, args, skip);
+}
+
+/// Sends one MONITOR line: `origin` is the client's address, or `lua` for a command a
+/// script runs.
+pub fn feed_monitor_line(
+    worker: &std::rc::Rc<crate::shard::Worker>,
+    db: usize,
+    origin: &str,
+    cmd: &Command,
+    args: &[Bytes],
+    skip: Option<u64>,
+) {
+    let us = unix_us();
     let mut line = format!(
         "+{}.{:06} [{} {}]",
         us / 1_000_000,
         us % 1_000_000,
-        sess.db,
-        addr
+        db,
+        origin
     )
     .into_bytes();
     let redact = cmd.name == "auth" || cmd.name == "hello";
@@ -1121,10 +1200,7 @@ pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
     }
     line.extend_from_slice(b"\r\n");
     let line = Bytes::from(line);
-    // A monitoring connection's own RESET ends its monitoring before the line would
-    // reach it (Redis feeds monitors once the command has run).
-    let skip = (cmd.name == "reset").then_some(sess.id);
-    for target in 0..sess.worker.nshards() {
+    for target in 0..worker.nshards() {
         let l = line.clone();
         let deliver = move |w: &std::rc::Rc<crate::shard::Worker>| {
             for (id, tx) in &w.clients.borrow().monitors {
@@ -1133,10 +1209,10 @@ pub fn feed_monitors(sess: &Session, cmd: &Command, args: &[Bytes]) {
                 }
             }
         };
-        if target == sess.worker.id {
-            deliver(&sess.worker);
+        if target == worker.id {
+            deliver(worker);
         } else {
-            sess.worker.shared.send(target, Box::new(deliver));
+            worker.shared.send(target, Box::new(deliver));
         }
     }
 }

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::{
-    acl, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys, lists,
+    acl, cluster, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys, lists,
     lolwut, migrate, persistence, pubsub, replication, scripting, server, sets, sort, streams,
     strings, transactions as tx, zsets,
 };
@@ -145,6 +145,18 @@ pub fn all() -> Vec<Command> {
             server::COMMAND_SUBCOMMANDS,
         ),
         c("lolwut", -1, "readonly fast", NONE, "server", "5.0.0", "Draws computer art and shows the version.", Conn(lolwut::lolwut)),
+        with_subcommands(
+            c("module", -2, "", NONE, "server", "4.0.0", "Lists, loads and unloads modules (Kite runs none).", Conn(server::module)),
+            server::MODULE_SUBCOMMANDS,
+        ),
+        // Cluster commands, answering as a server with cluster support disabled
+        with_subcommands(
+            c("cluster", -2, "", NONE, "cluster", "3.0.0", "Cluster administration (cluster mode is off).", Conn(cluster::disabled)),
+            cluster::CLUSTER_SUBCOMMANDS,
+        ),
+        c("readonly", 1, "loading stale fast", NONE, "cluster", "3.0.0", "Enables reads from a cluster replica (cluster mode is off).", Conn(cluster::disabled)),
+        c("readwrite", 1, "loading stale fast", NONE, "cluster", "3.0.0", "Ends READONLY (cluster mode is off).", Conn(cluster::disabled)),
+        c("asking", 1, "fast", NONE, "cluster", "3.0.0", "Marks the connection for a key being migrated (cluster mode is off).", Conn(cluster::disabled)),
         c("time", 1, "loading stale fast", NONE, "server", "2.6.0", "Returns the server time.", Conn(server::time)),
         c("wait", 3, "noscript", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge the connection's writes.", Async(replication::wait)),
         c("waitaof", 4, "noscript", NONE, "generic", "7.2.0", "Waits for the connection's writes to reach the AOF on disk, here and on replicas.", Async(replication::waitaof)),

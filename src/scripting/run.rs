@@ -392,6 +392,12 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
         {
             return Err(b"OOM command not allowed when used memory > 'maxmemory'.".to_vec());
         }
+        if run.worker.shared.monitors.load(Ordering::Relaxed) > 0
+            && !cmd.has(flags::SKIP_MONITOR)
+            && !cmd.has(flags::ADMIN)
+        {
+            crate::commands::server::feed_monitor_line(&run.worker, run.db, "lua", cmd, &argv, None);
+        }
         dispatch(run, cmd, &argv)
     })
 }
