@@ -34,14 +34,13 @@ impl Held {
         match self {
             Held::Own(tx) => tx.run(shard, f).await,
             Held::Exec => {
-                crate::shard::hop(&sess.worker, shard, move |w| f(&mut w.shard.borrow_mut()))
-                    .await
+                crate::shard::hop(&sess.worker, shard, move |w| f(&mut w.shard.borrow_mut())).await
             }
         }
     }
 }
 
-struct Request {
+pub struct Request {
     host: String,
     port: u16,
     db: i64,
@@ -49,10 +48,10 @@ struct Request {
     copy: bool,
     replace: bool,
     auth: Option<(Option<Bytes>, Bytes)>,
-    keys: Vec<Bytes>,
+    pub keys: Vec<Bytes>,
 }
 
-fn parse(args: &[Bytes]) -> Result<Request, &'static str> {
+pub fn parse(args: &[Bytes]) -> Result<Request, &'static str> {
     let (mut copy, mut replace, mut auth) = (false, false, None);
     let mut keys = vec![args[3].clone()];
     let mut j = 6;
@@ -120,14 +119,14 @@ fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
-enum Failure {
+pub enum Failure {
     Connect,
     Write,
     Read,
 }
 
 impl Failure {
-    fn text(&self) -> &'static str {
+    pub fn text(&self) -> &'static str {
         match self {
             Failure::Connect => "IOERR error or timeout connecting to the client",
             Failure::Write => "IOERR error or timeout writing to target instance",
@@ -188,7 +187,7 @@ async fn run(sess: &mut Session, req: Request) {
             compress: c.get_bool("rdbcompression"),
         }
     };
-    let mut found: Vec<(Bytes, Vec<u8>, i64)> = Vec::new();
+    let mut found: Vec<Found> = Vec::new();
     for k in &req.keys {
         let key = k.clone();
         let o = opts;
@@ -213,47 +212,12 @@ async fn run(sess: &mut Session, req: Request) {
     if found.is_empty() {
         return sess.out.simple("NOKEY");
     }
-    let mut wire = Vec::new();
-    let mut replies = 0;
-    if let Some((user, pass)) = &req.auth {
-        match user {
-            Some(u) => encode(&mut wire, &[b"AUTH", u, pass]),
-            None => encode(&mut wire, &[b"AUTH", pass]),
-        }
-        replies += 1;
-    }
-    encode(&mut wire, &[b"SELECT", req.db.to_string().as_bytes()]);
-    replies += 1;
-    let head = replies;
-    for (key, payload, ttl) in &found {
-        let ttl = ttl.to_string();
-        if req.replace {
-            encode(
-                &mut wire,
-                &[b"RESTORE", key, ttl.as_bytes(), payload, b"REPLACE"],
-            );
-        } else {
-            encode(&mut wire, &[b"RESTORE", key, ttl.as_bytes(), payload]);
-        }
-        replies += 1;
-    }
+    let (wire, head, replies) = request_bytes(&req, &found);
     let lines = match exchange(&req, &wire, replies).await {
         Ok(l) => l,
         Err(f) => return sess.error(f.text()),
     };
-    // An error from AUTH or SELECT fails every key; a RESTORE error fails its own.
-    let setup_error = lines[..head].iter().find(|l| l.starts_with('-')).cloned();
-    let mut error = setup_error.clone();
-    let mut moved = Vec::new();
-    for ((key, _, _), line) in found.iter().zip(&lines[head..]) {
-        if setup_error.is_some() || line.starts_with('-') {
-            if error.is_none() {
-                error = Some(line.clone());
-            }
-        } else if !req.copy {
-            moved.push(key.clone());
-        }
-    }
+    let (error, moved) = outcome(&req, &found, &lines, head);
     if !moved.is_empty() {
         for (shard, keys) in keys_by_shard(&sess.worker, moved.iter()) {
             tx.run(sess, shard, move |sh| {
@@ -277,12 +241,106 @@ async fn run(sess: &mut Session, req: Request) {
     }
     drop(tx);
     match error {
-        Some(e) => sess.error(&format!(
-            "ERR Target instance replied with error: {}",
-            e.trim_start_matches('-')
-        )),
+        Some(e) => sess.error(&target_error(&e)),
         None => sess.out.ok(),
     }
+}
+
+/// A key to send: its name, DUMP payload and remaining milliseconds (0: none).
+pub type Found = (Bytes, Vec<u8>, i64);
+
+/// The requests (AUTH, SELECT, one RESTORE per key), the number of replies before the
+/// RESTOREs, and the number of replies in all.
+pub fn request_bytes(req: &Request, found: &[Found]) -> (Vec<u8>, usize, usize) {
+    let mut wire = Vec::new();
+    let mut replies = 0;
+    if let Some((user, pass)) = &req.auth {
+        match user {
+            Some(u) => encode(&mut wire, &[b"AUTH", u, pass]),
+            None => encode(&mut wire, &[b"AUTH", pass]),
+        }
+        replies += 1;
+    }
+    encode(&mut wire, &[b"SELECT", req.db.to_string().as_bytes()]);
+    replies += 1;
+    let head = replies;
+    for (key, payload, ttl) in found {
+        let ttl = ttl.to_string();
+        if req.replace {
+            encode(
+                &mut wire,
+                &[b"RESTORE", key, ttl.as_bytes(), payload, b"REPLACE"],
+            );
+        } else {
+            encode(&mut wire, &[b"RESTORE", key, ttl.as_bytes(), payload]);
+        }
+        replies += 1;
+    }
+    (wire, head, replies)
+}
+
+/// The first error the target gave (AUTH or SELECT failing fails every key), and the
+/// keys it took, to delete here unless COPY.
+pub fn outcome(
+    req: &Request,
+    found: &[Found],
+    lines: &[String],
+    head: usize,
+) -> (Option<String>, Vec<Bytes>) {
+    let setup_error = lines[..head].iter().find(|l| l.starts_with('-')).cloned();
+    let mut error = setup_error.clone();
+    let mut moved = Vec::new();
+    for ((key, _, _), line) in found.iter().zip(&lines[head..]) {
+        if setup_error.is_some() || line.starts_with('-') {
+            if error.is_none() {
+                error = Some(line.clone());
+            }
+        } else if !req.copy {
+            moved.push(key.clone());
+        }
+    }
+    (error, moved)
+}
+
+pub fn target_error(line: &str) -> String {
+    format!(
+        "ERR Target instance replied with error: {}",
+        line.trim_start_matches('-')
+    )
+}
+
+/// The exchange for MIGRATE inside a script, which holds its thread as Redis holds the
+/// whole server: blocking socket calls, each bounded by the timeout.
+pub fn exchange_blocking(
+    req: &Request,
+    payload: &[u8],
+    replies: usize,
+) -> Result<Vec<String>, Failure> {
+    use std::io::{BufRead, Write};
+    use std::net::ToSocketAddrs;
+    let addr = (req.host.as_str(), req.port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or(Failure::Connect)?;
+    let conn =
+        std::net::TcpStream::connect_timeout(&addr, req.timeout).map_err(|_| Failure::Connect)?;
+    let _ = conn.set_nodelay(true);
+    conn.set_write_timeout(Some(req.timeout))
+        .map_err(|_| Failure::Write)?;
+    conn.set_read_timeout(Some(req.timeout))
+        .map_err(|_| Failure::Read)?;
+    (&conn).write_all(payload).map_err(|_| Failure::Write)?;
+    let mut rd = std::io::BufReader::new(&conn);
+    let mut lines = Vec::with_capacity(replies);
+    for _ in 0..replies {
+        let mut line = String::new();
+        if rd.read_line(&mut line).map_err(|_| Failure::Read)? == 0 {
+            return Err(Failure::Read);
+        }
+        lines.push(line.trim_end_matches(['\r', '\n']).to_string());
+    }
+    Ok(lines)
 }
 
 /// Key positions: the key argument, or what follows KEYS.

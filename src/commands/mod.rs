@@ -8,6 +8,7 @@ pub mod geo;
 pub mod hashes;
 pub mod hyperloglog;
 pub mod keys;
+pub mod keyspecs;
 pub mod lists;
 pub mod lolwut;
 pub mod migrate;

@@ -675,30 +675,75 @@ fn write_command_info(sess: &mut Session, cmd: &Command) {
     sess.out.set(0);
     sess.out.array(0);
     sess.out.array(cmd.subcommands.len());
-    for (name, arity, f) in cmd.subcommands {
-        sess.out.array(10);
-        sess.out.bulk(format!("{}|{}", cmd.name, name).as_bytes());
-        sess.out.int(*arity as i64);
-        let names = flag_names(flags::parse(f));
-        sess.out.set(names.len());
-        for n in names {
-            sess.out.simple(n);
-        }
-        // Subcommands of key-taking containers name their key right after themselves.
-        let keyed = matches!(cmd.name, "object" | "xgroup" | "xinfo");
-        let (first, last, step) = if keyed && *name != "help" {
-            (2, 2, 1)
-        } else {
-            (0, 0, 0)
-        };
-        sess.out.int(first);
-        sess.out.int(last);
-        sess.out.int(step);
-        sess.out.set(0);
-        sess.out.set(0);
-        sess.out.array(0);
-        sess.out.array(0);
+    for (name, _, _) in cmd.subcommands {
+        write_subcommand_info(sess, cmd, name);
     }
+}
+
+/// COMMAND INFO's entry for one subcommand (`container|sub`).
+fn write_subcommand_info(sess: &mut Session, cmd: &Command, sub: &str) {
+    let Some((name, arity, f)) = cmd.subcommands.iter().find(|(n, _, _)| *n == sub) else {
+        return sess.out.null_array();
+    };
+    sess.out.array(10);
+    sess.out.bulk(format!("{}|{}", cmd.name, name).as_bytes());
+    sess.out.int(*arity as i64);
+    let names = flag_names(flags::parse(f));
+    sess.out.set(names.len());
+    for n in names {
+        sess.out.simple(n);
+    }
+    // Subcommands of key-taking containers name their key right after themselves.
+    let keyed = matches!(cmd.name, "object" | "xgroup" | "xinfo");
+    let (first, last, step) = if keyed && *name != "help" {
+        (2, 2, 1)
+    } else {
+        (0, 0, 0)
+    };
+    sess.out.int(first);
+    sess.out.int(last);
+    sess.out.int(step);
+    sess.out.set(0);
+    sess.out.set(0);
+    sess.out.array(0);
+    sess.out.array(0);
+}
+
+/// A command or `container|sub` name: the command, and the subcommand if one is named.
+fn lookup_full(name: &[u8]) -> Option<(&'static Command, Option<&'static str>)> {
+    let t = table();
+    match name.iter().position(|&c| c == b'|') {
+        None => t.lookup(name).map(|c| (c, None)),
+        Some(i) => {
+            let cmd = t.lookup(&name[..i])?;
+            let sub = String::from_utf8_lossy(&name[i + 1..]).to_ascii_lowercase();
+            let (s, _, _) = cmd.subcommands.iter().find(|(n, _, _)| *n == sub)?;
+            Some((cmd, Some(*s)))
+        }
+    }
+}
+
+fn full_name(cmd: &Command, sub: Option<&str>) -> String {
+    match sub {
+        None => cmd.name.to_string(),
+        Some(s) => format!("{}|{}", cmd.name, s),
+    }
+}
+
+/// Redis's key-spec flags for `cmd` (or the subcommand `full` names).
+fn key_spec_flags(cmd: &Command, full: &[Bytes]) -> Option<&'static [&'static [&'static str]]> {
+    let name = match full.get(1).filter(|_| !cmd.subcommands.is_empty()) {
+        Some(sub) => format!(
+            "{}|{}",
+            cmd.name,
+            String::from_utf8_lossy(sub).to_ascii_lowercase()
+        ),
+        None => cmd.name.to_string(),
+    };
+    super::keyspecs::KEY_SPEC_FLAGS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
 }
 
 pub fn command(sess: &mut Session, args: &[Bytes]) {
@@ -723,24 +768,41 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
             }
             sess.out.array(args.len() - 2);
             for name in &args[2..] {
-                match t.lookup(name) {
-                    Some(cmd) => write_command_info(sess, cmd),
+                match lookup_full(name) {
+                    Some((cmd, None)) => write_command_info(sess, cmd),
+                    Some((cmd, Some(sub))) => write_subcommand_info(sess, cmd, sub),
                     None => sess.out.null_array(),
                 }
             }
         }
         "docs" => {
-            let cmds: Vec<&Command> = if args.len() == 2 {
-                t.commands.iter().collect()
+            // (name as asked, command, subcommand)
+            let cmds: Vec<(String, &Command, Option<&str>)> = if args.len() == 2 {
+                t.commands
+                    .iter()
+                    .map(|c| (c.name.to_string(), c, None))
+                    .collect()
             } else {
-                args[2..].iter().filter_map(|n| t.lookup(n)).collect()
+                args[2..]
+                    .iter()
+                    .filter_map(|n| lookup_full(n).map(|(c, s)| (full_name(c, s), c, s)))
+                    .collect()
             };
             sess.out.map(cmds.len());
-            for cmd in cmds {
-                sess.out.bulk(cmd.name.as_bytes());
+            for (name, cmd, sub) in cmds {
+                sess.out.bulk(name.as_bytes());
+                let summary = match sub {
+                    None => cmd.summary.to_string(),
+                    Some(s) => format!(
+                        "The {} subcommand of {} (see {} HELP).",
+                        s.to_ascii_uppercase(),
+                        cmd.name.to_ascii_uppercase(),
+                        cmd.name.to_ascii_uppercase()
+                    ),
+                };
                 sess.out.map(3);
                 sess.out.bulk(b"summary");
-                sess.out.bulk(cmd.summary.as_bytes());
+                sess.out.bulk(summary.as_bytes());
                 sess.out.bulk(b"since");
                 sess.out.bulk(cmd.since.as_bytes());
                 sess.out.bulk(b"group");
@@ -760,14 +822,24 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
             if positions.is_empty() {
                 return sess.error("ERR The command has no key arguments");
             }
+            let specs = key_spec_flags(cmd, full);
             sess.out.array(positions.len());
-            for p in positions {
+            for (i, p) in positions.into_iter().enumerate() {
                 if with_flags {
                     sess.out.array(2);
                     sess.out.bulk(&full[p]);
-                    let access = if cmd.has(flags::WRITE) { "RW" } else { "RO" };
-                    sess.out.set(1);
-                    sess.out.simple(access);
+                    // The i-th key comes from the i-th spec (the last one repeats), save
+                    // SORT, whose STORE key is its third spec.
+                    let spec = if cmd.name == "sort" && i == 1 { 2 } else { i };
+                    let names: Vec<&str> = match specs {
+                        Some(s) if !s.is_empty() => s[spec.min(s.len() - 1)].to_vec(),
+                        _ if cmd.has(flags::WRITE) => vec!["RW"],
+                        _ => vec!["RO"],
+                    };
+                    sess.out.set(names.len());
+                    for n in names {
+                        sess.out.simple(n);
+                    }
                 } else {
                     sess.out.bulk(&full[p]);
                 }

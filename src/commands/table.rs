@@ -4,9 +4,9 @@
 use bytes::Bytes;
 
 use super::{
-    acl, cluster, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys, lists,
-    lolwut, migrate, persistence, pubsub, replication, scripting, server, sets, sort, streams,
-    strings, transactions as tx, zsets,
+    acl, cluster, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys,
+    lists, lolwut, migrate, persistence, pubsub, replication, scripting, server, sets, sort,
+    streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
 use Handler::{Async, Conn, Multi, Shard};

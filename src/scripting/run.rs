@@ -396,7 +396,14 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
             && !cmd.has(flags::SKIP_MONITOR)
             && !cmd.has(flags::ADMIN)
         {
-            crate::commands::server::feed_monitor_line(&run.worker, run.db, "lua", cmd, &argv, None);
+            crate::commands::server::feed_monitor_line(
+                &run.worker,
+                run.db,
+                "lua",
+                cmd,
+                &argv,
+                None,
+            );
         }
         dispatch(run, cmd, &argv)
     })
@@ -587,6 +594,7 @@ fn keyless(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<R
             Ok(_) => out.error("ERR DB index is out of range"),
             Err(e) => out.error(e),
         },
+        "migrate" => return migrate_in_script(run, argv),
         "publish" => {
             let n = crate::pubsub::publish(&run.worker, argv[1].clone(), argv[2].clone());
             out.int(n as i64);
@@ -962,4 +970,77 @@ fn mark_busy(worker: &Rc<Worker>, running: bool) {
         }
     }
     worker.shared.busy_wrote[worker.id].store(false, Ordering::Release);
+}
+
+/// The payload of a bulk reply (`$n\r\n...`), None for anything else.
+fn reply_bulk(buf: &[u8]) -> Option<Vec<u8>> {
+    let rest = buf.strip_prefix(b"$")?;
+    let nl = rest.iter().position(|&c| c == b'\r')?;
+    let len: usize = std::str::from_utf8(&rest[..nl]).ok()?.parse().ok()?;
+    rest.get(nl + 2..nl + 2 + len).map(<[u8]>::to_vec)
+}
+
+/// The value of an integer reply (`:n\r\n`).
+fn reply_int(buf: &[u8]) -> Option<i64> {
+    let rest = buf.strip_prefix(b":")?;
+    let nl = rest.iter().position(|&c| c == b'\r')?;
+    std::str::from_utf8(&rest[..nl]).ok()?.parse().ok()
+}
+
+/// MIGRATE from a script: the keys are read with DUMP and PTTL and removed with DEL,
+/// each run where its key lives as any `redis.call` is, and the target is spoken to with
+/// blocking calls bounded by the timeout, as Redis does (it holds the whole server).
+fn migrate_in_script(run: &mut Running, argv: &[Bytes]) -> Result<Reply, Vec<u8>> {
+    use crate::commands::migrate;
+    let mut out = Reply::new(run.resp3);
+    let req = match migrate::parse(argv) {
+        Ok(r) => r,
+        Err(e) => {
+            out.error(e);
+            return Ok(out);
+        }
+    };
+    let t = table();
+    let lookup = |name: &[u8]| t.lookup(name).expect("a known command");
+    let mut found: Vec<migrate::Found> = Vec::new();
+    for k in &req.keys {
+        let dump = dispatch(
+            run,
+            lookup(b"dump"),
+            &[Bytes::from_static(b"DUMP"), k.clone()],
+        )?;
+        let Some(payload) = reply_bulk(&dump.buf) else {
+            continue;
+        };
+        let pttl = dispatch(
+            run,
+            lookup(b"pttl"),
+            &[Bytes::from_static(b"PTTL"), k.clone()],
+        )?;
+        let ttl = reply_int(&pttl.buf).filter(|&n| n > 0).unwrap_or(0);
+        found.push((k.clone(), payload, ttl));
+    }
+    if found.is_empty() {
+        out.simple("NOKEY");
+        return Ok(out);
+    }
+    let (wire, head, replies) = migrate::request_bytes(&req, &found);
+    let lines = match migrate::exchange_blocking(&req, &wire, replies) {
+        Ok(l) => l,
+        Err(f) => {
+            out.error(f.text());
+            return Ok(out);
+        }
+    };
+    let (error, moved) = migrate::outcome(&req, &found, &lines, head);
+    if !moved.is_empty() {
+        let mut del = vec![Bytes::from_static(b"DEL")];
+        del.extend(moved);
+        dispatch(run, lookup(b"del"), &del)?;
+    }
+    match error {
+        Some(e) => out.error(&migrate::target_error(&e)),
+        None => out.ok(),
+    }
+    Ok(out)
 }
