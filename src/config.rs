@@ -974,6 +974,8 @@ pub struct Tunables {
     pub tracking_table_max_keys: AtomicUsize,
     /// `maxmemory-policy` as `shard::evict::Policy::to_u8`, and its knobs.
     pub maxmemory_policy: std::sync::atomic::AtomicU8,
+    /// The policy is an LFU one (read on every key access).
+    pub lfu: AtomicBool,
     pub maxmemory_samples: AtomicUsize,
     pub lfu_log_factor: AtomicU64,
     pub lfu_decay_time: AtomicU64,
@@ -999,6 +1001,7 @@ impl Tunables {
             hll_sparse_max_bytes: AtomicUsize::new(3000),
             tracking_table_max_keys: AtomicUsize::new(1_000_000),
             maxmemory_policy: Default::default(),
+            lfu: AtomicBool::new(false),
             maxmemory_samples: AtomicUsize::new(5),
             lfu_log_factor: AtomicU64::new(10),
             lfu_decay_time: AtomicU64::new(1),
@@ -1042,10 +1045,9 @@ impl Tunables {
             .store(c.get_i64("hll-sparse-max-bytes") as usize, r);
         self.tracking_table_max_keys
             .store(c.get_i64("tracking-table-max-keys") as usize, r);
-        self.maxmemory_policy.store(
-            crate::shard::evict::Policy::parse(c.get("maxmemory-policy")).to_u8(),
-            r,
-        );
+        let policy = crate::shard::evict::Policy::parse(c.get("maxmemory-policy"));
+        self.maxmemory_policy.store(policy.to_u8(), r);
+        self.lfu.store(policy.is_lfu(), r);
         self.maxmemory_samples
             .store(c.get_i64("maxmemory-samples") as usize, r);
         self.lfu_log_factor

@@ -151,6 +151,27 @@ fn build() -> AclCommands {
 }
 
 impl AclCommands {
+    /// The categories of a command (or of its subcommand `sub`), as `@name`s in ACL
+    /// CAT's order: what COMMAND INFO reports.
+    pub fn category_names(&self, cmd: &Command, sub: Option<&str>) -> Vec<String> {
+        let base = self.base[cmd.id];
+        let id = match sub {
+            None => base,
+            Some(s) => cmd
+                .subcommands
+                .iter()
+                .position(|(n, _, _)| *n == s)
+                .map_or(base, |i| base + 1 + i),
+        };
+        let bits = self.entries[id].categories;
+        CATEGORIES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| bits & (1 << i) != 0)
+            .map(|(_, c)| format!("@{c}"))
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

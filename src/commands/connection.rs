@@ -373,6 +373,15 @@ fn parse_kill(sess: &Session, args: &[Bytes]) -> Result<(KillFilter, bool), Stri
 }
 
 async_handler!(client, |sess, args| {
+    // CLIENT LIST and INFO show the asking client's request as its query buffer.
+    let size: usize = args.iter().map(|a| a.len() + 16).sum::<usize>() + 8;
+    sess.handle.info.borrow_mut().qbuf = size;
+    client_sub(sess, &args).await;
+    sess.handle.info.borrow_mut().qbuf = 0;
+});
+
+async fn client_sub(sess: &mut Session, args: &[Bytes]) {
+    let args = args.to_vec();
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
     match sub.as_str() {
         "id" => sess.out.int(sess.id as i64),
@@ -624,7 +633,7 @@ async_handler!(client, |sess, args| {
         }
         _ => unreachable!("subcommands are checked before dispatch"),
     }
-});
+}
 
 // ---------------------------------------------------------------------------------------
 // CLIENT TRACKING (docs/tracking.md)

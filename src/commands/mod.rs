@@ -286,14 +286,14 @@ pub enum Route {
 
 /// Finds the shard(s) of a command's keys.
 pub fn route(sess: &Session, cmd: &Command, args: &[Bytes]) -> Route {
-    if let Some(spreads) = cmd.spreads {
-        if sess.worker.nshards() > 1 && spreads(args) {
-            return Route::Spread;
-        }
-    }
     if let Keys::Range(first, last, _) = cmd.keys {
         if first == last && (first as usize) < args.len() {
             return Route::Shard(sess.worker.shard_of(&args[first as usize]));
+        }
+    }
+    if let Some(spreads) = cmd.spreads {
+        if sess.worker.nshards() > 1 && spreads(args) {
+            return Route::Spread;
         }
     }
     let positions = cmd.key_positions(args);
@@ -440,23 +440,6 @@ fn reject_command(sess: &mut Session, cmd: &'static Command, msg: &str) {
 /// Validates and runs one command for a session: lookup, arity, authentication, MULTI
 /// queueing, then execution on the right thread.
 pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
-    let is_client = cmd.is_some_and(|c| c.name == "client");
-    if is_client {
-        // CLIENT LIST and INFO show the asking client's request as its query buffer.
-        let size: usize = args.iter().map(|a| a.len() + 16).sum::<usize>() + 8;
-        sess.handle.info.borrow_mut().qbuf = size;
-    }
-    execute_command(sess, cmd, args).await;
-    if is_client {
-        sess.handle.info.borrow_mut().qbuf = 0;
-    }
-    // CLIENT CACHING covers the next command, or the whole next transaction.
-    if sess.caching && !is_client && sess.multi.is_none() {
-        sess.caching = false;
-    }
-}
-
-async fn execute_command(sess: &mut Session, cmd: Option<&'static Command>, args: Vec<Bytes>) {
     let Some(cmd) = cmd else {
         let msg = unknown_command_error(&args);
         sess.reject_bytes(&msg);

@@ -600,40 +600,9 @@ const COMMAND_HELP: &[&str] = &[
     "    Print this help.",
 ];
 
-fn acl_categories(cmd: &Command) -> Vec<&'static str> {
-    let mut cats = Vec::new();
-    if cmd.has(flags::WRITE) {
-        cats.push("@write");
-    }
-    if cmd.has(flags::READONLY) {
-        cats.push("@read");
-    }
-    cats.push(match cmd.group {
-        "string" => "@string",
-        "bitmap" => "@bitmap",
-        "list" => "@list",
-        "hash" => "@hash",
-        "set" => "@set",
-        "sorted-set" => "@sortedset",
-        "stream" => "@stream",
-        "pubsub" => "@pubsub",
-        "generic" => "@keyspace",
-        "connection" => "@connection",
-        "transactions" => "@transaction",
-        _ => "@admin",
-    });
-    if cmd.has(flags::BLOCKING) {
-        cats.push("@blocking");
-    }
-    if cmd.has(flags::ADMIN) {
-        cats.push("@dangerous");
-    }
-    cats.push(if cmd.has(flags::FAST) {
-        "@fast"
-    } else {
-        "@slow"
-    });
-    cats
+/// The ACL categories COMMAND INFO reports, from the ACL tables (Redis's own lists).
+fn acl_categories(cmd: &Command) -> Vec<String> {
+    crate::acl::commands::acl_commands().category_names(cmd, None)
 }
 
 fn flag_names(f: u32) -> Vec<&'static str> {
@@ -647,8 +616,19 @@ fn flag_names(f: u32) -> Vec<&'static str> {
 /// COMMAND's flags for a command: its own, plus `movablekeys` when key positions depend
 /// on the arguments.
 fn command_flags(cmd: &Command) -> Vec<&'static str> {
-    let mut names = flag_names(cmd.flags);
-    if matches!(cmd.keys, super::Keys::Custom(..)) {
+    // Redis does not list may_replicate in COMMAND INFO.
+    let mut names: Vec<&str> = flag_names(cmd.flags)
+        .into_iter()
+        .filter(|n| *n != "may_replicate")
+        .collect();
+    // Scripts and functions may name no key (Redis's NO_MANDATORY_KEYS).
+    if matches!(
+        cmd.name,
+        "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro"
+    ) {
+        names.push("no_mandatory_keys");
+    }
+    if matches!(cmd.keys, super::Keys::Custom(..)) || cmd.name == "sort_ro" {
         names.push("movablekeys");
     }
     names
@@ -670,7 +650,7 @@ fn write_command_info(sess: &mut Session, cmd: &Command) {
     let cats = acl_categories(cmd);
     sess.out.set(cats.len());
     for c in cats {
-        sess.out.simple(c);
+        sess.out.simple(&c);
     }
     sess.out.set(0);
     sess.out.array(0);
@@ -703,7 +683,11 @@ fn write_subcommand_info(sess: &mut Session, cmd: &Command, sub: &str) {
     sess.out.int(first);
     sess.out.int(last);
     sess.out.int(step);
-    sess.out.set(0);
+    let cats = crate::acl::commands::acl_commands().category_names(cmd, Some(name));
+    sess.out.set(cats.len());
+    for c in cats {
+        sess.out.simple(&c);
+    }
     sess.out.set(0);
     sess.out.array(0);
     sess.out.array(0);
@@ -815,14 +799,33 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
                 return sess.error("ERR Invalid command specified");
             };
             let full = &args[2..];
+            let specs = key_spec_flags(cmd, full);
+            // MEMORY USAGE names a key though MEMORY itself runs keyless here.
+            let memory_usage = cmd.name == "memory" && full.len() > 1 && eq_ci(&full[1], "usage");
+            let has_keys = specs.is_some() || !matches!(cmd.keys, super::Keys::None);
+            if !has_keys {
+                return sess.error("ERR The command has no key arguments");
+            }
             if !cmd.arity_ok(full.len()) {
                 return sess.error("ERR Invalid number of arguments specified for command");
             }
-            let positions = cmd.key_positions(full);
+            let positions = if memory_usage {
+                vec![2]
+            } else {
+                cmd.key_positions(full)
+            };
             if positions.is_empty() {
-                return sess.error("ERR The command has no key arguments");
+                // Scripts and functions may name no key at all.
+                let optional = matches!(
+                    cmd.name,
+                    "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro"
+                );
+                return if optional {
+                    sess.out.array(0)
+                } else {
+                    sess.error("ERR Invalid arguments specified for command")
+                };
             }
-            let specs = key_spec_flags(cmd, full);
             sess.out.array(positions.len());
             for (i, p) in positions.into_iter().enumerate() {
                 if with_flags {
@@ -872,7 +875,7 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
                         "aclcat" => {
                             let want =
                                 format!("@{}", String::from_utf8_lossy(v).to_ascii_lowercase());
-                            acl_categories(c).contains(&want.as_str())
+                            acl_categories(c).contains(&want)
                         }
                         _ => false,
                     },

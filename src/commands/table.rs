@@ -59,7 +59,7 @@ const KBUTLAST: Keys = Keys::Range(1, -2, 1);
 const GEORADIUS_KEYS: Keys = Keys::Custom(geo::georadius_keys, (1, 1, 1));
 const SORT_KEYS: Keys = Keys::Custom(sort::sort_keys, (1, 1, 1));
 const MIGRATE_KEYS: Keys = Keys::Custom(migrate::migrate_keys, (3, 3, 1));
-const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (3, 3, 1));
+const EVAL_KEYS: Keys = Keys::Custom(scripting::eval_keys, (0, 0, 0));
 
 const ACL_SUBCOMMANDS: &[(&str, i32, &str)] = &[
     ("cat", -2, "noscript loading stale"),
@@ -120,7 +120,7 @@ pub fn all() -> Vec<Command> {
     vec![
         // Connection
         c("ping", -1, "fast", NONE, "connection", "1.0.0", "Answers PONG, or echoes its argument.", Conn(conn::ping)),
-        c("echo", 2, "fast", NONE, "connection", "1.0.0", "Returns its argument.", Conn(conn::echo)),
+        c("echo", 2, "loading stale fast", NONE, "connection", "1.0.0", "Returns its argument.", Conn(conn::echo)),
         c("quit", -1, "allow_busy noscript loading stale fast no_auth noqueue", NONE, "connection", "1.0.0", "Closes the connection after replying.", Conn(conn::quit)),
         c("reset", 1, "noscript loading stale fast no_auth allow_busy noqueue", NONE, "connection", "6.2.0", "Returns the connection to its initial state.", Conn(conn::reset)),
         c("auth", -2, "noscript loading stale fast no_auth allow_busy", NONE, "connection", "1.0.0", "Authenticates the connection.", Conn(conn::auth)),
@@ -266,12 +266,12 @@ pub fn all() -> Vec<Command> {
         c("lpos", -3, "readonly", K1, "list", "6.0.6", "Finds the positions of an element.", Shard(lists::lpos)),
         c("lmove", 5, "write denyoom", K12, "list", "6.2.0", "Moves an element from one list to another.", Multi(lists::lmove, lists::lmove_cross)),
         c("rpoplpush", 3, "write denyoom", K12, "list", "1.2.0", "Moves the last element of a list to the head of another.", Multi(lists::lmove, lists::lmove_cross)),
-        c("lmpop", -4, "write", Keys::Custom(lists::lmpop_keys, (1, 1, 1)), "list", "7.0.0", "Pops elements from the first non-empty list.", Multi(lists::lmpop, lists::lmpop_cross)),
+        c("lmpop", -4, "write", Keys::Custom(lists::lmpop_keys, (0, 0, 0)), "list", "7.0.0", "Pops elements from the first non-empty list.", Multi(lists::lmpop, lists::lmpop_cross)),
         blocking(c("blpop", -3, "write blocking", KBUTLAST, "list", "2.0.0", "Pops the first element of the first non-empty list, waiting for one.", Multi(lists::blpop, lists::blpop_cross)), lists::bpop_call),
         blocking(c("brpop", -3, "write blocking", KBUTLAST, "list", "2.0.0", "Pops the last element of the first non-empty list, waiting for one.", Multi(lists::brpop, lists::brpop_cross)), lists::bpop_call),
         blocking(c("blmove", 6, "write denyoom blocking", K12, "list", "6.2.0", "Moves an element between lists, waiting for one.", Multi(lists::blmove, lists::blmove_cross)), lists::blmove_call),
         blocking(c("brpoplpush", 4, "write denyoom blocking", K12, "list", "2.2.0", "Moves the last element of a list to another, waiting for one.", Multi(lists::blmove, lists::blmove_cross)), lists::blmove_call),
-        blocking(c("blmpop", -5, "write blocking", Keys::Custom(lists::blmpop_keys, (2, 2, 1)), "list", "7.0.0", "Pops elements from the first non-empty list, waiting for one.", Multi(lists::blmpop, lists::blmpop_cross)), lists::blmpop_call),
+        blocking(c("blmpop", -5, "write blocking", Keys::Custom(lists::blmpop_keys, (0, 0, 0)), "list", "7.0.0", "Pops elements from the first non-empty list, waiting for one.", Multi(lists::blmpop, lists::blmpop_cross)), lists::blmpop_call),
         // Pub/Sub
         c("subscribe", -2, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Listens for messages on channels.", Conn(pubsub::subscribe)),
         c("unsubscribe", -1, "pubsub noscript loading stale", NONE, "pubsub", "2.0.0", "Stops listening on channels.", Conn(pubsub::unsubscribe)),

@@ -192,6 +192,7 @@ impl Session {
     }
 
     /// What a shard running this connection's command needs for CLIENT TRACKING.
+    #[inline]
     pub fn reader(&self) -> Option<crate::tracking::Reader> {
         if !self.tracking {
             return None;

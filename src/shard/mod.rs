@@ -471,7 +471,7 @@ impl Shard {
     #[inline]
     pub fn stamp(&self, now_ms: u64) -> Stamp {
         let t = &self.shared.tunables;
-        if evict::Policy::from_u8(t.maxmemory_policy.load(Ordering::Relaxed)).is_lfu() {
+        if t.lfu.load(Ordering::Relaxed) {
             Stamp::Lfu {
                 now_ms,
                 log_factor: t.lfu_log_factor.load(Ordering::Relaxed),
