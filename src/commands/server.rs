@@ -674,7 +674,8 @@ fn write_subcommand_info(sess: &mut Session, cmd: &Command, sub: &str) {
         sess.out.simple(n);
     }
     // Subcommands of key-taking containers name their key right after themselves.
-    let keyed = matches!(cmd.name, "object" | "xgroup" | "xinfo");
+    let keyed = matches!(cmd.name, "object" | "xgroup" | "xinfo")
+        || (cmd.name, *name) == ("memory", "usage");
     let (first, last, step) = if keyed && *name != "help" {
         (2, 2, 1)
     } else {
