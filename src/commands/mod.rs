@@ -286,6 +286,8 @@ pub enum Route {
 
 /// Finds the shard(s) of a command's keys.
 pub fn route(sess: &Session, cmd: &Command, args: &[Bytes]) -> Route {
+    // (A command that `spreads` never has a single-key range: SORT and SORT_RO find
+    // their keys by parsing, so the check below is reached.)
     if let Keys::Range(first, last, _) = cmd.keys {
         if first == last && (first as usize) < args.len() {
             return Route::Shard(sess.worker.shard_of(&args[first as usize]));

@@ -628,7 +628,7 @@ fn command_flags(cmd: &Command) -> Vec<&'static str> {
     ) {
         names.push("no_mandatory_keys");
     }
-    if matches!(cmd.keys, super::Keys::Custom(..)) || cmd.name == "sort_ro" {
+    if matches!(cmd.keys, super::Keys::Custom(..)) {
         names.push("movablekeys");
     }
     names

@@ -304,7 +304,7 @@ pub fn all() -> Vec<Command> {
         c("migrate", -6, "write", MIGRATE_KEYS, "generic", "2.6.0", "Moves keys to another server, atomically here.", Async(migrate::migrate)),
         // SORT
         spreading(c("sort", -2, "write denyoom", SORT_KEYS, "generic", "1.0.0", "Sorts the elements of a list, set or sorted set, optionally storing the result.", Multi(sort::sort, sort::sort_cross)), sort::spreads),
-        spreading(c("sort_ro", -2, "readonly", K1, "generic", "7.0.0", "Sorts the elements of a list, set or sorted set.", Multi(sort::sort, sort::sort_cross)), sort::spreads),
+        spreading(c("sort_ro", -2, "readonly", SORT_KEYS, "generic", "7.0.0", "Sorts the elements of a list, set or sorted set.", Multi(sort::sort, sort::sort_cross)), sort::spreads),
         // Geo
         c("geoadd", -5, "write denyoom", K1, "geo", "3.2.0", "Adds members with their longitude and latitude to a sorted set.", Shard(geo::geoadd)),
         c("geodist", -4, "readonly", K1, "geo", "3.2.0", "Returns the distance between two members.", Shard(geo::geodist)),
