@@ -722,10 +722,9 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         let mode = sess.reply_mode;
         sess.flushed_mid_command = 0;
         let mark = sess.out.buf.len();
-        let client_cmd = sess.caching && cmd.is_some_and(|c| c.name == "client");
         commands::execute(sess, cmd, args).await;
         // CLIENT CACHING covers the next command, or the whole next transaction.
-        if sess.caching && !client_cmd && sess.multi.is_none() {
+        if sess.caching && sess.multi.is_none() && !cmd.is_some_and(|c| c.name == "client") {
             sess.caching = false;
         }
         let mark = mark.saturating_sub(sess.flushed_mid_command);
