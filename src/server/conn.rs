@@ -724,7 +724,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         let mark = sess.out.buf.len();
         commands::execute(sess, cmd, args).await;
         // CLIENT CACHING covers the next command, or the whole next transaction.
-        if sess.caching && sess.multi.is_none() && !cmd.is_some_and(|c| c.name == "client") {
+        if sess.caching && sess.multi.is_none() && cmd.is_none_or(|c| c.name != "client") {
             sess.caching = false;
         }
         let mark = mark.saturating_sub(sess.flushed_mid_command);
