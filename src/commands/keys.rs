@@ -316,9 +316,9 @@ pub fn move_(ctx: &mut ExecCtx, args: &[Bytes]) {
 
 // ---- DUMP / RESTORE ----
 
-/// The RDB options DUMP writes with (version, rdbcompression).
-fn dump_options(sh: &Shard) -> crate::persist::rdb::write::Options {
-    let c = sh.shared.config.lock().expect("config lock");
+/// The RDB options DUMP (and MIGRATE) write with (version, rdbcompression).
+pub fn dump_options(shared: &crate::shard::Shared) -> crate::persist::rdb::write::Options {
+    let c = shared.config.lock().expect("config lock");
     crate::persist::rdb::write::Options {
         version: c.get_i64("rdb-version") as u16,
         compress: c.get_bool("rdbcompression"),
@@ -326,7 +326,7 @@ fn dump_options(sh: &Shard) -> crate::persist::rdb::write::Options {
 }
 
 pub fn dump(ctx: &mut ExecCtx, args: &[Bytes]) {
-    let opts = dump_options(ctx.shard);
+    let opts = dump_options(&ctx.shard.shared);
     let (entry, out) = ctx.get_read_and_out(&args[1]);
     match entry {
         Some(e) => out.bulk(&crate::persist::rdb::write::dump_payload(&e.value, &opts)),

@@ -90,7 +90,12 @@ impl Lcg {
 
 fn schotter(cols: usize, per_row: usize, per_col: usize) -> String {
     let width = cols * 2;
-    let side = (width / per_row).max(2);
+    // A narrow grid of many tall rows would ask for a canvas of hundreds of megabytes:
+    // the squares shrink so the picture stays under 4 M pixels.
+    let side = (width / per_row)
+        .max(2)
+        .min((4 << 20) / width / per_col)
+        .max(1);
     let height = side * per_col + 4;
     let mut c = Canvas::new(width, height);
     let mut rng = Lcg(1968);

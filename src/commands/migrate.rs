@@ -180,13 +180,7 @@ async fn run(sess: &mut Session, req: Request) {
         Held::Own(Tx::lock_keys(&sess.worker, &req.keys, false).await)
     };
     // DUMP each key that exists, with its remaining time to live.
-    let opts = {
-        let c = sess.worker.shared.config.lock().expect("config lock");
-        crate::persist::rdb::write::Options {
-            version: c.get_i64("rdb-version") as u16,
-            compress: c.get_bool("rdbcompression"),
-        }
-    };
+    let opts = super::keys::dump_options(&sess.worker.shared);
     let mut found: Vec<Found> = Vec::new();
     for k in &req.keys {
         let key = k.clone();

@@ -89,6 +89,9 @@ pub mod flags {
     /// Touches every shard (FLUSHALL, SWAPDB...): inside a transaction it locks them whole.
     pub const GLOBAL: u32 = 1 << 17;
     pub const NO_ASYNC_LOADING: u32 = 1 << 18;
+    /// Scripts and functions: may name no key at all (Redis's NO_MANDATORY_KEYS); they
+    /// are also shown to MONITOR by their own handler's rule, before what they run.
+    pub const NO_MANDATORY_KEYS: u32 = 1 << 19;
 
     pub const NAMES: &[(u32, &str)] = &[
         (WRITE, "write"),
@@ -108,6 +111,7 @@ pub mod flags {
         (NO_MULTI, "no_multi"),
         (ALLOW_BUSY, "allow_busy"),
         (NO_ASYNC_LOADING, "no_async_loading"),
+        (NO_MANDATORY_KEYS, "no_mandatory_keys"),
     ];
 
     pub fn parse(s: &str) -> u32 {
@@ -477,7 +481,10 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         }
     }
     // Past maxmemory, an evicting policy makes room first (docs/eviction.md).
-    if !sess.replaying && sess.over_maxmemory() {
+    if !sess.replaying
+        && sess.over_maxmemory()
+        && crate::shard::evict::evicting(&sess.worker.shared)
+    {
         crate::shard::evict::make_room(&sess.worker).await;
     }
     // Past maxmemory, Redis refuses commands that may grow memory, also while queueing
@@ -576,11 +583,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
         .load(std::sync::atomic::Ordering::Relaxed)
         > 0
         // Scripts are shown before the commands they run, as Redis feeds them.
-        && (!cmd.has(flags::SKIP_MONITOR)
-            || matches!(
-                cmd.name,
-                "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro"
-            ))
+        && (!cmd.has(flags::SKIP_MONITOR) || cmd.has(flags::NO_MANDATORY_KEYS))
     {
         server::feed_monitors(sess, cmd, &args);
     }

@@ -621,13 +621,6 @@ fn command_flags(cmd: &Command) -> Vec<&'static str> {
         .into_iter()
         .filter(|n| *n != "may_replicate")
         .collect();
-    // Scripts and functions may name no key (Redis's NO_MANDATORY_KEYS).
-    if matches!(
-        cmd.name,
-        "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro"
-    ) {
-        names.push("no_mandatory_keys");
-    }
     if matches!(cmd.keys, super::Keys::Custom(..)) {
         names.push("movablekeys");
     }
@@ -817,10 +810,7 @@ pub fn command(sess: &mut Session, args: &[Bytes]) {
             };
             if positions.is_empty() {
                 // Scripts and functions may name no key at all.
-                let optional = matches!(
-                    cmd.name,
-                    "eval" | "evalsha" | "eval_ro" | "evalsha_ro" | "fcall" | "fcall_ro"
-                );
+                let optional = cmd.has(flags::NO_MANDATORY_KEYS);
                 return if optional {
                     sess.out.array(0)
                 } else {

@@ -406,12 +406,12 @@ pub fn all() -> Vec<Command> {
         c("watch", -2, "noscript loading stale fast allow_busy noqueue", KALL, "transactions", "2.2.0", "Makes the next EXEC conditional on keys staying unchanged.", Async(tx::watch)),
         c("unwatch", 1, "noscript loading stale fast allow_busy", NONE, "transactions", "2.2.0", "Forgets all watched keys.", Conn(tx::unwatch)),
         // Scripting
-        c("eval", -3, "noscript skip_monitor may_replicate stale", EVAL_KEYS, "scripting", "2.6.0", "Runs a Lua script.", Async(scripting::eval)),
-        c("evalsha", -3, "noscript skip_monitor may_replicate stale", EVAL_KEYS, "scripting", "2.6.0", "Runs a cached Lua script by its SHA1.", Async(scripting::evalsha)),
-        c("eval_ro", -3, "noscript skip_monitor stale readonly", EVAL_KEYS, "scripting", "7.0.0", "Runs a read-only Lua script.", Async(scripting::eval_ro)),
-        c("evalsha_ro", -3, "noscript skip_monitor stale readonly", EVAL_KEYS, "scripting", "7.0.0", "Runs a cached read-only Lua script by its SHA1.", Async(scripting::evalsha_ro)),
-        c("fcall", -3, "noscript skip_monitor may_replicate stale", EVAL_KEYS, "scripting", "7.0.0", "Calls a function.", Async(scripting::fcall)),
-        c("fcall_ro", -3, "noscript skip_monitor stale readonly", EVAL_KEYS, "scripting", "7.0.0", "Calls a read-only function.", Async(scripting::fcall_ro)),
+        c("eval", -3, "noscript skip_monitor may_replicate stale no_mandatory_keys", EVAL_KEYS, "scripting", "2.6.0", "Runs a Lua script.", Async(scripting::eval)),
+        c("evalsha", -3, "noscript skip_monitor may_replicate stale no_mandatory_keys", EVAL_KEYS, "scripting", "2.6.0", "Runs a cached Lua script by its SHA1.", Async(scripting::evalsha)),
+        c("eval_ro", -3, "noscript skip_monitor stale readonly no_mandatory_keys", EVAL_KEYS, "scripting", "7.0.0", "Runs a read-only Lua script.", Async(scripting::eval_ro)),
+        c("evalsha_ro", -3, "noscript skip_monitor stale readonly no_mandatory_keys", EVAL_KEYS, "scripting", "7.0.0", "Runs a cached read-only Lua script by its SHA1.", Async(scripting::evalsha_ro)),
+        c("fcall", -3, "noscript skip_monitor may_replicate stale no_mandatory_keys", EVAL_KEYS, "scripting", "7.0.0", "Calls a function.", Async(scripting::fcall)),
+        c("fcall_ro", -3, "noscript skip_monitor stale readonly no_mandatory_keys", EVAL_KEYS, "scripting", "7.0.0", "Calls a read-only function.", Async(scripting::fcall_ro)),
         with_subcommands(
             c("script", -2, "", NONE, "scripting", "2.6.0", "Manages the script cache.", Async(scripting::script)),
             SCRIPT_SUBCOMMANDS,

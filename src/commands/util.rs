@@ -378,17 +378,23 @@ pub fn pqsort<T>(
             vecswap(v, a, pb - r, r);
             let r = (pd - pc).min(pn - pd - 1);
             vecswap(v, pb, pn - r, r);
-            let r = pb - pa;
-            if r > 1 && wanted(a, r) {
-                run(v, a, r, cmp, wanted);
+            // The two sides are disjoint, so the order they are sorted in changes
+            // nothing; recursing into the smaller one bounds the depth to log n
+            // whatever the input (a client's data).
+            let left = (a, pb - pa);
+            let right = (pn - (pd - pc), pd - pc);
+            let (small, large) = if left.1 <= right.1 {
+                (left, right)
+            } else {
+                (right, left)
+            };
+            if small.1 > 1 && wanted(small.0, small.1) {
+                run(v, small.0, small.1, cmp, wanted);
             }
-            let r = pd - pc;
-            if r > 1 {
-                a = pn - r;
-                n = r;
-                if wanted(a, n) {
-                    continue;
-                }
+            if large.1 > 1 && wanted(large.0, large.1) {
+                a = large.0;
+                n = large.1;
+                continue;
             }
             return;
         }

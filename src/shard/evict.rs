@@ -204,6 +204,13 @@ impl Shard {
     }
 }
 
+/// Whether a policy other than `noeviction` is set (and this is no replica, which
+/// leaves eviction to its master): only then is it worth reading memory per command.
+pub fn evicting(shared: &crate::shard::Shared) -> bool {
+    shared.tunables.maxmemory_policy.load(Ordering::Relaxed) != Policy::NoEviction.to_u8()
+        && !shared.repl.is_replica()
+}
+
 /// Evicts, shard by shard, until memory is under `maxmemory` or nothing more can go.
 /// Returns whether memory is under the limit now.
 pub async fn make_room(worker: &Rc<Worker>) -> bool {
