@@ -185,6 +185,13 @@ impl BlockTable {
         !self.ready.is_empty()
     }
 
+    /// Clients blocked on `key` now (queue metrics' consumers).
+    pub fn live_waiters(&self, db: usize, key: &[u8]) -> usize {
+        self.waiting
+            .get(&(db, key))
+            .map_or(0, |q| q.iter().filter(|w| !w.claim.load(Ordering::Acquire)).count())
+    }
+
     /// Keys some client is blocked on (INFO's total_blocking_keys).
     pub fn keys_count(&self) -> usize {
         self.waiting
@@ -704,6 +711,10 @@ fn try_or_register(
             keys_here: keys.clone(),
         });
         sh.blocking.add(waiter);
+        let now = crate::clock::unix_ms();
+        for key in &keys {
+            sh.queues.blocked(db, key, now);
+        }
         if waits_for_lock {
             // A key already holds something; serve it when its lock goes.
             for key in &keys {

@@ -102,6 +102,11 @@ pub static PARAMS: &[Param] = &[
     p("timeout", Kind::Int(0, I64MAX), "0", true, true),
     p("shard-round-robin-prefix", Kind::Text, "", false, true),
     p("queue-key-prefixes", Kind::Text, "bull,bq", false, true),
+    // Queue metrics and the HTTP side (docs/observe.md).
+    p("queue-tracking", YESNO, "yes", true, true),
+    p("queue-tracking-max-queues", Kind::Int(1, 1 << 20), "1024", true, true),
+    p("http-port", Kind::Int(0, 65535), "0", false, true),
+    p("http-open-metrics", YESNO, "no", true, true),
     p("lock-on-hashtags", YESNO, "yes", false, true),
     p("migrate-connections", YESNO, "yes", true, true),
     p(
@@ -979,6 +984,11 @@ pub struct Tunables {
     pub maxmemory_samples: AtomicUsize,
     pub lfu_log_factor: AtomicU64,
     pub lfu_decay_time: AtomicU64,
+    /// `queue-tracking` and `queue-tracking-max-queues`: read by each thread's
+    /// housekeeping, never on the command path.
+    pub queue_tracking: AtomicBool,
+    pub queue_tracking_max: AtomicUsize,
+    pub http_open_metrics: AtomicBool,
 }
 
 impl Tunables {
@@ -1003,6 +1013,9 @@ impl Tunables {
             maxmemory_policy: Default::default(),
             lfu: AtomicBool::new(false),
             maxmemory_samples: AtomicUsize::new(5),
+            queue_tracking: AtomicBool::new(true),
+            queue_tracking_max: AtomicUsize::new(1024),
+            http_open_metrics: AtomicBool::new(false),
             lfu_log_factor: AtomicU64::new(10),
             lfu_decay_time: AtomicU64::new(1),
             protected_mode: AtomicBool::new(true),
@@ -1054,6 +1067,12 @@ impl Tunables {
             .store(c.get_i64("lfu-log-factor") as u64, r);
         self.lfu_decay_time
             .store(c.get_i64("lfu-decay-time") as u64, r);
+        self.queue_tracking
+            .store(c.get_bool("queue-tracking"), r);
+        self.queue_tracking_max
+            .store(c.get_i64("queue-tracking-max-queues") as usize, r);
+        self.http_open_metrics
+            .store(c.get_bool("http-open-metrics"), r);
         let mc = c.get("maxmemory-clients");
         match mc.strip_suffix('%') {
             Some(p) => {

@@ -11,6 +11,7 @@ pub mod commands;
 pub mod config;
 pub mod memory;
 pub mod net;
+pub mod observe;
 pub mod persist;
 pub mod protocol;
 pub mod pubsub;

@@ -72,6 +72,9 @@ struct Cli {
     /// Refuse writes once allocated memory passes this many bytes (units: kb, mb, gb); 0 is no limit.
     #[arg(long)]
     maxmemory: Option<String>,
+    /// Also serve HTTP (/metrics, the dashboard) on this port; 0 is off [default: 0].
+    #[arg(long)]
+    http_port: Option<u16>,
     /// Largest bulk string a client may send [default: 512mb].
     #[arg(long)]
     proto_max_bulk_len: Option<String>,
@@ -108,6 +111,7 @@ fn build_config(cli: &Cli) -> Result<Config, String> {
     set("logfile", cli.logfile.clone())?;
     set("maxmemory", cli.maxmemory.clone())?;
     set("proto-max-bulk-len", cli.proto_max_bulk_len.clone())?;
+    set("http-port", cli.http_port.map(|v| v.to_string()))?;
     Ok(c)
 }
 
@@ -269,6 +273,26 @@ fn main() {
             }
         }
     }
+    // `http-port`: HTTP only (metrics, the dashboard), on the same addresses.
+    let mut http_listeners = Vec::new();
+    let http_port = config.get_i64("http-port") as u16;
+    if http_port != 0 {
+        for addr in config.get("bind").split_whitespace() {
+            let addr = addr.trim_start_matches('-');
+            let target = if addr.contains(':') {
+                format!("[{addr}]:{http_port}")
+            } else {
+                format!("{addr}:{http_port}")
+            };
+            match TcpListener::bind(&target) {
+                Ok(l) => http_listeners.push(l),
+                Err(e) => {
+                    eprintln!("Could not create the HTTP listening socket {target}: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
     let rr_prefix = Some(config.get("shard-round-robin-prefix").as_bytes().to_vec());
     let tunables = Tunables::new(&config);
     let acl = match acl::init(&config) {
@@ -325,7 +349,7 @@ fn main() {
         threads,
         port
     );
-    if let Err(e) = server::run(shared, listeners) {
+    if let Err(e) = server::run(shared, listeners, http_listeners) {
         eprintln!("failed to start worker threads: {e}");
         std::process::exit(1);
     }

@@ -34,12 +34,12 @@ fn list_read<'a>(ctx: &'a mut ExecCtx, key: &[u8]) -> Result<Option<&'a List>, (
     }
 }
 
-fn push_values(l: &mut List, values: &[Bytes], front: bool) {
+fn push_values(l: &mut List, values: &[Bytes], front: bool, now_ms: u64) {
     for v in values {
         if front {
-            l.push_front(v);
+            l.push_front_at(v, now_ms);
         } else {
-            l.push_back(v);
+            l.push_back_at(v, now_ms);
         }
     }
 }
@@ -52,17 +52,18 @@ fn push_to(
     front: bool,
     only_existing: bool,
 ) -> Result<usize, ()> {
+    let now = ctx.now_ms;
     let len = match list_mut(ctx, key)? {
         None if only_existing => return Ok(0),
         None => {
             let mut l = List::new();
-            push_values(&mut l, values, front);
+            push_values(&mut l, values, front, ctx.now_ms);
             let n = l.len();
             ctx.set(key, Value::List(Box::new(l)), 0);
             n
         }
         Some(l) => {
-            push_values(l, values, front);
+            push_values(l, values, front, now);
             let n = l.len();
             ctx.modified(key);
             n
@@ -70,6 +71,9 @@ fn push_to(
     };
     ctx.notify(b'l', if front { "lpush" } else { "rpush" }, key);
     ctx.key_ready(key);
+    ctx.shard
+        .queues
+        .pushed(ctx.db, key, values.len() as u64, front, ctx.now_ms);
     Ok(len)
 }
 
@@ -103,13 +107,21 @@ fn pop_items(
     front: bool,
     count: usize,
 ) -> Result<Option<Vec<Box<[u8]>>>, ()> {
+    let mut waits = crate::observe::Waits::default();
     let (items, empty) = match list_mut(ctx, key)? {
         None => return Ok(None),
         Some(l) => {
             let mut items = Vec::with_capacity(count.min(l.len()));
             while items.len() < count {
-                match if front { l.pop_front() } else { l.pop_back() } {
-                    Some(v) => items.push(v),
+                match if front {
+                    l.pop_front_timed()
+                } else {
+                    l.pop_back_timed()
+                } {
+                    Some((v, pushed_ms)) => {
+                        items.push(v);
+                        waits.popped(Some(pushed_ms));
+                    }
                     None => break,
                 }
             }
@@ -118,6 +130,7 @@ fn pop_items(
     };
     if !items.is_empty() {
         ctx.notify(b'l', if front { "lpop" } else { "rpop" }, key);
+        ctx.shard.queues.popped(ctx.db, key, &waits, ctx.now_ms);
     }
     if empty {
         ctx.delete(key);

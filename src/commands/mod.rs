@@ -9,6 +9,7 @@ pub mod hashes;
 pub mod hyperloglog;
 pub mod keys;
 pub mod keyspecs;
+pub mod kite;
 pub mod lists;
 pub mod lolwut;
 pub mod migrate;

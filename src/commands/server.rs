@@ -162,7 +162,14 @@ pub(crate) fn rss_bytes() -> u64 {
 }
 
 async_handler!(info, |sess, args| {
-    let wanted: Vec<String> = args[1..]
+    let s = info_text(&sess.worker, &args[1..]).await;
+    sess.out.verbatim(s.as_bytes());
+});
+
+/// INFO's text for the sections `args` names (none: the default ones); also what the
+/// dashboard reads.
+pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes]) -> String {
+    let wanted: Vec<String> = args
         .iter()
         .map(|a| String::from_utf8_lossy(a).to_ascii_lowercase())
         .collect();
@@ -173,8 +180,8 @@ async_handler!(info, |sess, args| {
             || (default && DEFAULT_SECTIONS.contains(&name))
             || wanted.iter().any(|w| w == name)
     };
-    let reports = broadcast(&sess.worker, |w| thread_report(w)).await;
-    let shared = sess.worker.shared.clone();
+    let reports = broadcast(worker, |w| thread_report(w)).await;
+    let shared = worker.shared.clone();
     let (config_file, maxmemory, policy, hz, port) = {
         let c = shared.config.lock().unwrap_or_else(|p| p.into_inner());
         (
@@ -208,7 +215,7 @@ async_handler!(info, |sess, args| {
             exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
             cf = config_file,
             kv = env!("CARGO_PKG_VERSION"),
-            threads = sess.worker.nshards(),
+            threads = worker.nshards(),
         );
     }
     if show("clients") {
@@ -397,6 +404,9 @@ async_handler!(info, |sess, args| {
         }
         s.push_str("\r\n");
     }
+    if show("queues") {
+        s.push_str(&crate::observe::report::info_section(worker).await);
+    }
     if show("transactions") {
         let _ = write!(
             s,
@@ -419,8 +429,8 @@ async_handler!(info, |sess, args| {
     while s.ends_with("\r\n\r\n") {
         s.truncate(s.len() - 2);
     }
-    sess.out.verbatim(s.as_bytes());
-});
+    s
+}
 
 // ---- CONFIG ----
 

@@ -514,6 +514,7 @@ pub fn xadd(ctx: &mut ExecCtx, args: &[Bytes]) {
     }
     put_id(ctx.out, id);
     ctx.notify(b'x', "xadd", key);
+    ctx.shard.queues.pushed(ctx.db, key, 1, false, ctx.now_ms);
     if trimmed > 0 {
         ctx.notify(b'x', "xtrim", key);
     }
@@ -998,6 +999,13 @@ fn serve_group_new(
             }
             // The group's position and pending entries changed.
             ctx.shard.dirty += 1;
+            // Deliveries to a group are a stream queue's pops; an entry's ID holds the
+            // time it was added.
+            let mut waits = crate::observe::Waits::default();
+            for id in &delivered {
+                waits.popped(Some(id.ms));
+            }
+            ctx.shard.queues.popped(ctx.db, key, &waits, ctx.now_ms);
             Ok(true)
         }
         _ => Ok(false),

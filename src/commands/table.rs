@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use super::{
     acl, cluster, connection as conn, diagnostics as diag, geo, hashes, hyperloglog as hll, keys,
-    lists, lolwut, migrate, persistence, pubsub, replication, scripting, server, sets, sort,
+    kite, lists, lolwut, migrate, persistence, pubsub, replication, scripting, server, sets, sort,
     streams, strings, transactions as tx, zsets,
 };
 use super::{Command, Handler, Keys};
@@ -182,6 +182,10 @@ pub fn all() -> Vec<Command> {
         with_subcommands(
             c("slowlog", -2, "", NONE, "server", "2.2.12", "Reads or resets the slow log.", Async(server::slowlog)),
             server::SLOWLOG_SUBCOMMANDS,
+        ),
+        with_subcommands(
+            c("kite", -2, "", NONE, "server", "0.1.0", "Kite's own commands: the queues it tracks.", Async(kite::kite)),
+            crate::observe::report::KITE_SUBCOMMANDS,
         ),
         with_subcommands(
             c("latency", -2, "", NONE, "server", "2.8.13", "Reports latency events.", Async(diag::latency)),

@@ -1236,6 +1236,14 @@ pub fn pop_min_max(
         }
     };
     after_change(ctx, key, if max { "zpopmax" } else { "zpopmin" }, emptied);
+    if !items.is_empty() {
+        // A sorted set keeps no push times: its pops count, its waits are unknown.
+        let mut waits = crate::observe::Waits::default();
+        for _ in &items {
+            waits.popped(None);
+        }
+        ctx.shard.queues.popped(ctx.db, key, &waits, ctx.now_ms);
+    }
     Ok(Some(items))
 }
 

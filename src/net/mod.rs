@@ -2,6 +2,7 @@
 //! `Stream` type; and the TLS settings (`tls`). Owns reading, writing and encryption;
 //! never parses a request or touches shard data.
 
+pub mod http;
 pub mod tls;
 
 use std::cell::RefCell;

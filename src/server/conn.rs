@@ -46,6 +46,9 @@ pub struct Moving {
 enum Exit {
     Closed,
     Migrate(usize),
+    /// The connection's first line was an HTTP request line: answer it as HTTP
+    /// (`net::http`) with what was read.
+    Http(BytesMut),
 }
 
 /// Redis's explanation to a remote client while no password protects the default user.
@@ -223,6 +226,13 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
+    if let Exit::Http(request) = exit {
+        if let Some(stream) = sess.stream.clone() {
+            crate::net::http::serve(&worker, &stream, request).await;
+        }
+        close(&mut sess);
+        return;
+    }
     match exit {
         Exit::Migrate(target) if !handle.killed.get() => {
             let info = handle.info.borrow().clone();
@@ -336,9 +346,19 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             .proto_max_bulk_len
             .load(Ordering::Relaxed),
     };
+    // Until a connection's first line is known not to be an HTTP request line, nothing
+    // is parsed as RESP (only connections starting with "G" or "H" wait for it).
+    let mut first_line_checked = false;
     loop {
         if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
             return Exit::Closed;
+        }
+        if !first_line_checked {
+            match crate::net::http::sniff(rbuf) {
+                crate::net::http::Sniff::Http => return Exit::Http(std::mem::take(rbuf)),
+                crate::net::http::Sniff::Resp => first_line_checked = true,
+                crate::net::http::Sniff::NeedMore => {}
+            }
         }
         // A tracking client chose this connection as its redirect target.
         if sess.push_rx.is_none() && sess.handle.adopt_rx.borrow().is_some() {
@@ -346,7 +366,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         }
         let mut cmds = Vec::new();
         let mut protocol_error = None;
-        while cmds.len() < MAX_GROUP {
+        while first_line_checked && cmds.len() < MAX_GROUP {
             // Until a client authenticates, Redis parses with tight limits and runs one
             // command at a time, so AUTH takes effect for the next one.
             parser.set_auth_required(!sess.authenticated);
@@ -363,6 +383,16 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             }
         }
         let mut full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
+        // Redis's defence against cross-protocol scripting: a browser tricked into posting
+        // to this port sends "POST" and "Host:" lines, which end the connection at once.
+        let attack = cmds.iter().position(|c| {
+            c.first()
+                .is_some_and(|n| n.eq_ignore_ascii_case(b"post") || n.eq_ignore_ascii_case(b"host:"))
+        });
+        if let Some(at) = attack {
+            cmds.truncate(at);
+            protocol_error = None;
+        }
         if !cmds.is_empty() {
             let now = unix_ms();
             sess.handle.last_active.set(now);
@@ -375,6 +405,15 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                 // Those bytes may hold whole commands: parse them before waiting to read.
                 full = true;
             }
+        }
+        if attack.is_some() {
+            tracing::warn!(
+                "Possible SECURITY ATTACK: a client sent a POST or Host: line, as a web page \
+                 posting to this port through a browser would (cross-protocol scripting). \
+                 Connection closed."
+            );
+            flush(sess).await;
+            return Exit::Closed;
         }
         if let Some(e) = protocol_error {
             sess.out.error(&e.0);

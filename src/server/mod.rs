@@ -21,6 +21,7 @@ use crate::shard::{run_batch, unix_ms, Mail, Shard, Shared, Worker};
 pub fn run(
     shared: Arc<Shared>,
     listeners: Vec<(std::net::TcpListener, bool)>,
+    http_listeners: Vec<std::net::TcpListener>,
 ) -> std::io::Result<()> {
     let n = shared.nshards();
     let mut senders = Vec::with_capacity(n);
@@ -74,6 +75,12 @@ pub fn run(
         std::thread::Builder::new()
             .name("kite-accept".into())
             .spawn(move || accept_loop(shared, l, tls))?;
+    }
+    for l in http_listeners {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("kite-accept-http".into())
+            .spawn(move || accept_http_loop(shared, l))?;
     }
     for h in handles {
         let _ = h.join();
@@ -158,6 +165,28 @@ fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener, tls: bool) 
     }
 }
 
+/// Accepts on `http-port` and deals the connections to the threads in turn.
+fn accept_http_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
+    let n = shared.nshards();
+    let mut next = 0usize;
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("accept failed on http-port: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let target = next % n;
+        next = next.wrapping_add(1);
+        shared.send(
+            target,
+            Box::new(move |w| crate::net::http::accept(w, stream)),
+        );
+    }
+}
+
 /// Periodic work of each thread: active expiry, the ops/sec samples, idle-client timeouts
 /// and (on thread 0) the memory figures.
 async fn housekeeping(worker: Rc<Worker>) {
@@ -185,11 +214,28 @@ async fn housekeeping(worker: Rc<Worker>) {
             crate::shard::after_command(&worker);
         }
         worker.shard.borrow_mut().sample_ops(now);
+        observe_queues(&worker, now, ticks.is_multiple_of(10));
         close_idle_clients(&worker);
         evict_clients(&worker);
         if worker.id == 0 {
             crate::memory::refresh(&worker.shared);
         }
+    }
+}
+
+/// Applies the queue-tracking settings, and once a second records each queue's second.
+fn observe_queues(worker: &Rc<Worker>, now: u64, each_second: bool) {
+    let t = &worker.shared.tunables;
+    let enabled = t.queue_tracking.load(Ordering::Relaxed);
+    let cap = t.queue_tracking_max.load(Ordering::Relaxed) / worker.nshards();
+    let mut guard = worker.shard.borrow_mut();
+    let sh = &mut *guard;
+    sh.queues.configure(enabled, cap);
+    if each_second && enabled && !sh.queues.is_empty() {
+        let dbs = &sh.dbs;
+        sh.queues.sample(now, |db, key| {
+            crate::observe::report::key_len_in(dbs, db, key, now)
+        });
     }
 }
 

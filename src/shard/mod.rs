@@ -328,6 +328,10 @@ pub struct Shard {
     pub events: Vec<(usize, &'static str, Bytes)>,
     /// Keys tracked for client-side caching, and invalidations on their way out.
     pub tracking: crate::tracking::Table,
+    /// The queues whose keys live here (docs/observe.md).
+    pub queues: crate::observe::QueueTable,
+    /// The kernel's id of this shard's thread (its CPU time, for `/metrics`).
+    pub tid: i32,
     /// Blocked moves this shard's last command set off on other shards: the command
     /// answers once they have landed (`blocking::serve_across`).
     pub settling: Vec<tokio::sync::oneshot::Receiver<()>>,
@@ -356,6 +360,7 @@ pub struct Shard {
 
 impl Shard {
     pub fn new(id: usize, databases: usize, ncommands: usize, shared: Arc<Shared>) -> Shard {
+        let queues = crate::observe::QueueTable::new(shared.placement.queue_prefixes().to_vec());
         Shard {
             shared,
             logs: Logs::default(),
@@ -369,6 +374,9 @@ impl Shard {
             blocking: Default::default(),
             events: Vec::new(),
             tracking: Default::default(),
+            queues,
+            // SAFETY: gettid has no preconditions.
+            tid: unsafe { libc::gettid() },
             settling: Vec::new(),
             current: None,
             watches: WatchTable::new(databases),

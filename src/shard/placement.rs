@@ -91,6 +91,11 @@ impl Placement {
         self.nshards
     }
 
+    /// The `queue-key-prefixes` (`bull`, `bq`...).
+    pub fn queue_prefixes(&self) -> &[Vec<u8>] {
+        &self.queue_prefixes
+    }
+
     #[inline]
     pub fn shard_of(&self, key: &[u8]) -> usize {
         if self.nshards == 1 {

@@ -23,6 +23,16 @@ struct Chunk {
     data: Vec<u8>,
     head: usize,
     count: usize,
+    /// When elements were pushed (queue metrics, docs/observe.md): the first and last
+    /// push, how many pushes, and how many pops from the end the oldest elements sit at.
+    /// The k-th push's time is estimated by spreading the pushes evenly in between, so a
+    /// job costs no memory for its timestamp.
+    first_ms: u64,
+    span_ms: u32,
+    pushes: u32,
+    taken_old: u32,
+    /// Pushes land at the front (LPUSH): the oldest elements are at the back.
+    new_at_front: bool,
 }
 
 fn varint_len(mut n: usize) -> usize {
@@ -99,6 +109,48 @@ fn decode_before(data: &[u8], end: usize) -> (std::ops::Range<usize>, usize) {
 impl Chunk {
     fn used(&self) -> usize {
         self.data.len() - self.head
+    }
+
+    fn stamp_push(&mut self, now_ms: u64, at_front: bool) {
+        if self.pushes == 0 {
+            self.first_ms = now_ms;
+            self.new_at_front = at_front;
+        }
+        self.span_ms = now_ms
+            .saturating_sub(self.first_ms)
+            .min(u32::MAX as u64) as u32;
+        self.pushes = self.pushes.saturating_add(1);
+    }
+
+    /// The estimated push time of the k-th element pushed into this chunk.
+    fn push_time(&self, k: u32) -> u64 {
+        if self.pushes <= 1 {
+            return self.first_ms;
+        }
+        let k = k.min(self.pushes - 1) as u64;
+        self.first_ms + self.span_ms as u64 * k / (self.pushes as u64 - 1)
+    }
+
+    /// The push time of the element about to leave from the front (or the back).
+    fn stamp_pop(&mut self, front: bool) -> u64 {
+        if front != self.new_at_front {
+            let t = self.push_time(self.taken_old);
+            self.taken_old = self.taken_old.saturating_add(1);
+            t
+        } else {
+            self.push_time(self.taken_old + (self.count as u32).saturating_sub(1))
+        }
+    }
+
+    /// Stamps a chunk rebuilt by an edit in the middle with the times of `from`: the
+    /// elements it kept were pushed within that span.
+    fn restamp(mut self, from: &Chunk) -> Chunk {
+        self.first_ms = from.first_ms;
+        self.span_ms = from.span_ms;
+        self.pushes = self.count as u32;
+        self.taken_old = 0;
+        self.new_at_front = from.new_at_front;
+        self
     }
 
     fn push_back(&mut self, v: &[u8]) {
@@ -225,6 +277,15 @@ impl List {
     }
 
     pub fn push_back(&mut self, v: &[u8]) {
+        self.push_back_at(v, crate::clock::unix_ms());
+    }
+
+    pub fn push_front(&mut self, v: &[u8]) {
+        self.push_front_at(v, crate::clock::unix_ms());
+    }
+
+    /// Appends `v`, pushed at `now_ms` (the command's clock).
+    pub fn push_back_at(&mut self, v: &[u8], now_ms: u64) {
         let need = encoded_len(v.len());
         let fits = self
             .chunks
@@ -233,12 +294,15 @@ impl List {
         if !fits {
             self.chunks.push_back(Arc::default());
         }
-        Arc::make_mut(self.chunks.back_mut().expect("a chunk")).push_back(v);
+        let c = Arc::make_mut(self.chunks.back_mut().expect("a chunk"));
+        c.push_back(v);
+        c.stamp_push(now_ms, false);
         self.len += 1;
         self.bytes += v.len();
     }
 
-    pub fn push_front(&mut self, v: &[u8]) {
+    /// Prepends `v`, pushed at `now_ms`.
+    pub fn push_front_at(&mut self, v: &[u8], now_ms: u64) {
         let need = encoded_len(v.len());
         let fits = self
             .chunks
@@ -253,34 +317,66 @@ impl List {
             self.chunks.push_front(Arc::new(Chunk {
                 data: vec![0; size],
                 head: size,
-                count: 0,
+                ..Chunk::default()
             }));
         }
-        Arc::make_mut(self.chunks.front_mut().expect("a chunk")).push_front(v);
+        let c = Arc::make_mut(self.chunks.front_mut().expect("a chunk"));
+        c.push_front(v);
+        c.stamp_push(now_ms, true);
         self.len += 1;
         self.bytes += v.len();
     }
 
     pub fn pop_front(&mut self) -> Option<Box<[u8]>> {
+        self.pop_front_timed().map(|(v, _)| v)
+    }
+
+    pub fn pop_back(&mut self) -> Option<Box<[u8]>> {
+        self.pop_back_timed().map(|(v, _)| v)
+    }
+
+    /// Pops the first element with the (estimated) time it was pushed.
+    pub fn pop_front_timed(&mut self) -> Option<(Box<[u8]>, u64)> {
         let c = Arc::make_mut(self.chunks.front_mut()?);
+        let pushed = c.stamp_pop(true);
         let v = c.pop_front();
         if c.count == 0 {
             self.chunks.pop_front();
         }
         self.len -= 1;
         self.bytes -= v.len();
-        Some(v)
+        Some((v, pushed))
     }
 
-    pub fn pop_back(&mut self) -> Option<Box<[u8]>> {
+    /// Pops the last element with the (estimated) time it was pushed.
+    pub fn pop_back_timed(&mut self) -> Option<(Box<[u8]>, u64)> {
         let c = Arc::make_mut(self.chunks.back_mut()?);
+        let pushed = c.stamp_pop(false);
         let v = c.pop_back();
         if c.count == 0 {
             self.chunks.pop_back();
         }
         self.len -= 1;
         self.bytes -= v.len();
-        Some(v)
+        Some((v, pushed))
+    }
+
+    /// The estimated push time of the oldest element: the older of the oldest elements
+    /// of the two end chunks (a queue's old end is one of them).
+    pub fn oldest_push_ms(&self) -> Option<u64> {
+        let oldest = |c: &Chunk| c.push_time(c.taken_old);
+        let front = self.chunks.front().map(|c| oldest(c));
+        let back = self.chunks.back().map(|c| oldest(c));
+        match (front, back) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether pushes land mostly at the front (LPUSH queues): the newest elements are
+    /// there.
+    pub fn newest_at_front(&self) -> bool {
+        self.chunks.front().is_some_and(|c| c.new_at_front)
     }
 
     /// The chunk holding element `index`, and the element's position inside it.
@@ -315,7 +411,8 @@ impl List {
         if items.is_empty() {
             self.chunks.remove(ci);
         } else {
-            self.chunks[ci] = Arc::new(Chunk::from_items(items.iter().map(|v| &v[..])));
+            let rebuilt = Chunk::from_items(items.iter().map(|v| &v[..])).restamp(&self.chunks[ci]);
+            self.chunks[ci] = Arc::new(rebuilt);
         }
     }
 
@@ -374,7 +471,9 @@ impl List {
             if items.is_empty() {
                 emptied.push(ci);
             } else {
-                self.chunks[ci] = Arc::new(Chunk::from_items(items.iter().map(|x| &x[..])));
+                let rebuilt =
+                    Chunk::from_items(items.iter().map(|x| &x[..])).restamp(&self.chunks[ci]);
+                self.chunks[ci] = Arc::new(rebuilt);
             }
         }
         emptied.sort_unstable();
@@ -386,6 +485,8 @@ impl List {
 
     /// Keeps only the elements in `start..=end` (indices already clamped, start <= end).
     pub fn keep_range(&mut self, start: usize, end: usize) {
+        // What is kept was pushed no earlier than the oldest element was.
+        let since = self.oldest_push_ms().unwrap_or_else(crate::clock::unix_ms);
         let kept: Vec<Vec<u8>> = self
             .iter()
             .skip(start)
@@ -394,7 +495,7 @@ impl List {
             .collect();
         self.clear();
         for v in kept {
-            self.push_back(&v);
+            self.push_back_at(&v, since);
         }
     }
 

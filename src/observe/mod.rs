@@ -1,0 +1,315 @@
+//! Queue metrics (docs/observe.md): which keys are queues, their counters, wait-time
+//! histograms and history. Each thread keeps the queues of its own shard in
+//! `Shard.queues`; readers merge the threads' answers (`report`).
+//!
+//! This module owns the per-thread queue tables and everything that renders them (INFO,
+//! KITE QUEUES, Prometheus, the dashboard's JSON and page). It never changes a key,
+//! never parses a job, and never touches a socket: the HTTP side is `crate::net::http`.
+
+pub mod classify;
+pub mod hist;
+pub mod api;
+pub mod prometheus;
+pub mod report;
+
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
+
+use classify::{classify, waiting_suffix, Class, Framework, Role};
+pub use hist::Hist;
+
+/// The dashboard: one page, no build step, no external assets.
+pub const DASHBOARD_HTML: &str = include_str!("dashboard.html");
+
+/// Seconds of history kept per queue.
+pub const HISTORY_SECS: usize = 300;
+/// A queue whose key has been gone this long is forgotten.
+const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
+
+/// One second of a queue's life: its depth then, and its pushes and pops during it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sample {
+    pub unix_s: u32,
+    pub depth: u32,
+    pub pushed: u32,
+    pub popped: u32,
+}
+
+/// A tracked key.
+pub struct Entry {
+    pub framework: Framework,
+    pub role: Role,
+    pub row_len: usize,
+    pub pushed: u64,
+    pub popped: u64,
+    /// Pushes at the head (LPUSH): tells which end the newest elements are at.
+    pub pushed_front: u64,
+    pub hist: Hist,
+    pub history: VecDeque<Sample>,
+    sampled: (u64, u64),
+    last_active_ms: u64,
+}
+
+impl Entry {
+    fn new(class: Class, now_ms: u64) -> Entry {
+        Entry {
+            framework: class.framework,
+            role: class.role,
+            row_len: class.row_len,
+            pushed: 0,
+            popped: 0,
+            pushed_front: 0,
+            hist: Hist::default(),
+            history: VecDeque::new(),
+            sampled: (0, 0),
+            last_active_ms: now_ms,
+        }
+    }
+}
+
+/// The push times of popped elements, gathered while popping (one pop of a single
+/// element, the common case, needs no allocation).
+#[derive(Default)]
+pub struct Waits {
+    first: Option<u64>,
+    rest: Vec<u64>,
+    count: u64,
+}
+
+impl Waits {
+    #[inline]
+    pub fn popped(&mut self, pushed_ms: Option<u64>) {
+        self.count += 1;
+        if let Some(t) = pushed_ms {
+            if self.first.is_none() {
+                self.first = Some(t);
+            } else {
+                self.rest.push(t);
+            }
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    fn times(&self) -> impl Iterator<Item = u64> + '_ {
+        self.first.into_iter().chain(self.rest.iter().copied())
+    }
+}
+
+/// The queues of one shard.
+#[derive(Default)]
+pub struct QueueTable {
+    pub enabled: bool,
+    cap: usize,
+    prefixes: Vec<Vec<u8>>,
+    dbs: Vec<HashMap<Box<[u8]>, Entry>>,
+    len: usize,
+    /// Queues not tracked because the table was full.
+    pub overflow: u64,
+}
+
+impl QueueTable {
+    pub fn new(prefixes: Vec<Vec<u8>>) -> QueueTable {
+        QueueTable {
+            enabled: true,
+            cap: 1024,
+            prefixes,
+            ..Default::default()
+        }
+    }
+
+    /// Applies `queue-tracking` and this thread's share of `queue-tracking-max-queues`.
+    pub fn configure(&mut self, enabled: bool, cap: usize) {
+        if !enabled && self.len > 0 {
+            self.dbs.clear();
+            self.len = 0;
+        }
+        self.enabled = enabled;
+        self.cap = cap.max(1);
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = (usize, &[u8], &Entry)> {
+        self.dbs
+            .iter()
+            .enumerate()
+            .flat_map(|(db, m)| m.iter().map(move |(k, e)| (db, &k[..], e)))
+    }
+
+    #[inline]
+    fn get_mut(&mut self, db: usize, key: &[u8]) -> Option<&mut Entry> {
+        self.dbs.get_mut(db)?.get_mut(key)
+    }
+
+    /// Starts tracking `key` unless the table is full.
+    fn insert(&mut self, db: usize, key: &[u8], class: Class, now_ms: u64) -> Option<&mut Entry> {
+        if self.len >= self.cap {
+            self.overflow += 1;
+            return None;
+        }
+        if self.dbs.len() <= db {
+            self.dbs.resize_with(db + 1, HashMap::new);
+        }
+        self.len += 1;
+        Some(
+            self.dbs[db]
+                .entry(key.into())
+                .or_insert_with(|| Entry::new(class, now_ms)),
+        )
+    }
+
+    /// The entry counting `key`'s pushes and pops, created when `key` is a queue (`take`:
+    /// something takes from it). A key of a `<prefix>:<queue>` layout that is not its
+    /// waiting list makes sure the waiting list is tracked (it is on this shard too).
+    fn entry_for(&mut self, db: usize, key: &[u8], take: bool, now_ms: u64) -> Option<&mut Entry> {
+        // Checked before the borrow below: the borrow checker cannot see that the miss
+        // path does not use it.
+        if self.dbs.get(db).is_some_and(|m| m.contains_key(key)) {
+            return self.get_mut(db, key);
+        }
+        match classify(key, &self.prefixes) {
+            Some(c) if c.role == Role::Waiting => self.insert(db, key, c, now_ms),
+            Some(c) if c.stem_len > 0 => {
+                self.discover(db, key, c, now_ms);
+                None
+            }
+            Some(_) => None,
+            None if take => {
+                let generic = Class {
+                    framework: Framework::None,
+                    role: Role::Waiting,
+                    row_len: key.len(),
+                    stem_len: 0,
+                };
+                self.insert(db, key, generic, now_ms)
+            }
+            None => None,
+        }
+    }
+
+    /// Tracks the waiting list of the `<prefix>:<queue>` that `key` belongs to, noting
+    /// what `key` says about the framework (BullMQ's own keys).
+    fn discover(&mut self, db: usize, key: &[u8], c: Class, now_ms: u64) {
+        let stem = &key[..c.stem_len];
+        let framework = if c.framework == Framework::BeeQueue {
+            Framework::BeeQueue
+        } else {
+            Framework::Bull
+        };
+        let mut wait = stem.to_vec();
+        wait.extend_from_slice(waiting_suffix(framework));
+        let known = self.get_mut(db, &wait).is_some();
+        if !known {
+            let class = Class {
+                framework,
+                role: Role::Waiting,
+                row_len: c.stem_len,
+                stem_len: c.stem_len,
+            };
+            self.insert(db, &wait, class, now_ms);
+        }
+        if c.framework == Framework::Bullmq {
+            if let Some(e) = self.get_mut(db, &wait) {
+                e.framework = Framework::Bullmq;
+            }
+        }
+    }
+
+    /// `n` elements were pushed to `key` (at the head when `front`).
+    #[inline]
+    pub fn pushed(&mut self, db: usize, key: &[u8], n: u64, front: bool, now_ms: u64) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(e) = self.entry_for(db, key, false, now_ms) {
+            if e.role == Role::Waiting {
+                e.pushed += n;
+                if front {
+                    e.pushed_front += n;
+                }
+            }
+            e.last_active_ms = now_ms;
+        }
+    }
+
+    /// Elements were taken from `key`; `waits` holds their push times where known.
+    #[inline]
+    pub fn popped(&mut self, db: usize, key: &[u8], waits: &Waits, now_ms: u64) {
+        if !self.enabled || waits.count == 0 {
+            return;
+        }
+        if let Some(e) = self.entry_for(db, key, true, now_ms) {
+            if e.role == Role::Waiting {
+                e.popped += waits.count;
+                for t in waits.times() {
+                    e.hist.record_ms(now_ms.saturating_sub(t));
+                }
+            }
+            e.last_active_ms = now_ms;
+        }
+    }
+
+    /// A client blocked on `key`: a queue from now on. A marker key (BullMQ) is tracked
+    /// for its consumers.
+    pub fn blocked(&mut self, db: usize, key: &[u8], now_ms: u64) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(Class {
+            role: Role::Consumer,
+            ..
+        }) = classify(key, &self.prefixes)
+        {
+            let c = classify(key, &self.prefixes).expect("classified above");
+            if self.get_mut(db, key).is_none() {
+                self.insert(db, key, c, now_ms);
+            }
+            self.discover(db, key, c, now_ms);
+            return;
+        }
+        if let Some(e) = self.entry_for(db, key, true, now_ms) {
+            e.last_active_ms = now_ms;
+        }
+    }
+
+    /// Once a second: records each queue's second, and forgets queues long gone.
+    /// `depth` gives a key's length, None when it does not exist.
+    pub fn sample(&mut self, now_ms: u64, mut depth: impl FnMut(usize, &[u8]) -> Option<u64>) {
+        let unix_s = (now_ms / 1000) as u32;
+        let mut gone = 0;
+        for (db, m) in self.dbs.iter_mut().enumerate() {
+            m.retain(|k, e| {
+                let d = depth(db, k);
+                if d.is_some() {
+                    e.last_active_ms = e.last_active_ms.max(now_ms);
+                } else if now_ms.saturating_sub(e.last_active_ms) > FORGET_AFTER_MS {
+                    gone += 1;
+                    return false;
+                }
+                if e.history.len() >= HISTORY_SECS {
+                    e.history.pop_front();
+                }
+                let s = Sample {
+                    unix_s,
+                    depth: d.unwrap_or(0).min(u32::MAX as u64) as u32,
+                    pushed: (e.pushed - e.sampled.0).min(u32::MAX as u64) as u32,
+                    popped: (e.popped - e.sampled.1).min(u32::MAX as u64) as u32,
+                };
+                e.sampled = (e.pushed, e.popped);
+                e.history.push_back(s);
+                true
+            });
+        }
+        self.len -= gone;
+    }
+}
