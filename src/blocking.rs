@@ -187,9 +187,11 @@ impl BlockTable {
 
     /// Clients blocked on `key` now (queue metrics' consumers).
     pub fn live_waiters(&self, db: usize, key: &[u8]) -> usize {
-        self.waiting
-            .get(&(db, key))
-            .map_or(0, |q| q.iter().filter(|w| !w.claim.load(Ordering::Acquire)).count())
+        self.waiting.get(&(db, key)).map_or(0, |q| {
+            q.iter()
+                .filter(|w| !w.claim.load(Ordering::Acquire))
+                .count()
+        })
     }
 
     /// Keys some client is blocked on (INFO's total_blocking_keys).

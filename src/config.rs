@@ -104,7 +104,13 @@ pub static PARAMS: &[Param] = &[
     p("queue-key-prefixes", Kind::Text, "bull,bq", false, true),
     // Queue metrics and the HTTP side (docs/observe.md).
     p("queue-tracking", YESNO, "yes", true, true),
-    p("queue-tracking-max-queues", Kind::Int(1, 1 << 20), "1024", true, true),
+    p(
+        "queue-tracking-max-queues",
+        Kind::Int(1, 1 << 20),
+        "1024",
+        true,
+        true,
+    ),
     p("http-port", Kind::Int(0, 65535), "0", false, true),
     p("http-open-metrics", YESNO, "no", true, true),
     p("lock-on-hashtags", YESNO, "yes", false, true),
@@ -1067,8 +1073,7 @@ impl Tunables {
             .store(c.get_i64("lfu-log-factor") as u64, r);
         self.lfu_decay_time
             .store(c.get_i64("lfu-decay-time") as u64, r);
-        self.queue_tracking
-            .store(c.get_bool("queue-tracking"), r);
+        self.queue_tracking.store(c.get_bool("queue-tracking"), r);
         self.queue_tracking_max
             .store(c.get_i64("queue-tracking-max-queues") as usize, r);
         self.http_open_metrics

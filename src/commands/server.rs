@@ -526,6 +526,18 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                     drop(config);
                     crate::persist::aof::rewrite::on_config_change(&sess.worker);
                     crate::repl::refresh_settings(&shared);
+                    // This thread applies queue tracking's settings now and the others
+                    // before any later message from here: this client's next command
+                    // already counts (or does not), wherever its keys are.
+                    if pairs
+                        .iter()
+                        .any(|(k, _)| k.to_ascii_lowercase().starts_with("queue-tracking"))
+                    {
+                        crate::observe::configure(&sess.worker);
+                        for t in (0..sess.worker.nshards()).filter(|&t| t != sess.worker.id) {
+                            shared.send(t, Box::new(|w| crate::observe::configure(w)));
+                        }
+                    }
                     sess.out.ok();
                 }
                 Err(e) => {

@@ -200,7 +200,13 @@ fn access(worker: &Rc<Worker>, req: &Request) -> Result<Viewer, Response> {
         return Ok(Viewer::User(acl.default_user()));
     }
     let scrape = matches!(req.path.as_str(), "/metrics" | "/healthz");
-    if scrape && worker.shared.tunables.http_open_metrics.load(Ordering::Relaxed) {
+    if scrape
+        && worker
+            .shared
+            .tunables
+            .http_open_metrics
+            .load(Ordering::Relaxed)
+    {
         return Ok(Viewer::Anyone);
     }
     let denied = Response {
@@ -225,7 +231,11 @@ fn access(worker: &Rc<Worker>, req: &Request) -> Result<Viewer, Response> {
         Some(i) => (&credentials[..i], &credentials[i + 1..]),
         None => (&credentials[..], &b""[..]),
     };
-    let name = if name.is_empty() { b"default".as_slice() } else { name };
+    let name = if name.is_empty() {
+        b"default".as_slice()
+    } else {
+        name
+    };
     match acl.authenticate(name, pass) {
         Some(user) => Ok(Viewer::User(user)),
         None => {
@@ -262,7 +272,9 @@ async fn respond(worker: &Rc<Worker>, req: &Request) -> Response {
         "/metrics" => Response {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: observe::prometheus::render(worker, &allows).await.into_bytes(),
+            body: observe::prometheus::render(worker, &allows)
+                .await
+                .into_bytes(),
             extra: "",
         },
         "/healthz" => {

@@ -94,7 +94,11 @@ async fn sidekiq_processes(worker: &Rc<Worker>) -> Vec<(Vec<u8>, Vec<(String, Ve
         };
         let mut scratch = [0u8; 20];
         match &e.value {
-            Value::Set(s) => s.iter().take(64).map(|m| m.bytes(&mut scratch).to_vec()).collect(),
+            Value::Set(s) => s
+                .iter()
+                .take(64)
+                .map(|m| m.bytes(&mut scratch).to_vec())
+                .collect(),
             _ => Vec::new(),
         }
     })
@@ -193,7 +197,11 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
         if i > 0 {
             out.push(',');
         }
-        let _ = write!(out, "{{\"framework\":\"{}\",\"db\":{db},\"states\":{{", f.name());
+        let _ = write!(
+            out,
+            "{{\"framework\":\"{}\",\"db\":{db},\"states\":{{",
+            f.name()
+        );
         for (j, (state, n)) in states.iter().enumerate() {
             if j > 0 {
                 out.push(',');
@@ -265,7 +273,11 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
 }
 
 /// `/api/queue?name=`: None when there is no such queue (or the reader may not see it).
-pub async fn queue(worker: &Rc<Worker>, name: &[u8], allowed: &dyn Fn(&[u8]) -> bool) -> Option<String> {
+pub async fn queue(
+    worker: &Rc<Worker>,
+    name: &[u8],
+    allowed: &dyn Fn(&[u8]) -> bool,
+) -> Option<String> {
     let snap = gather(worker, true).await;
     let row = snap
         .rows

@@ -116,8 +116,8 @@ pub fn classify(key: &[u8], prefixes: &[Vec<u8>]) -> Option<Class> {
                     b"prioritized" | b"events" | b"meta" | b"waiting-children" => {
                         (Framework::Bullmq, Role::Other)
                     }
-                    b"paused" | b"active" | b"delayed" | b"completed" | b"failed"
-                    | b"priority" | b"stalled" | b"id" => (Framework::Bull, Role::Other),
+                    b"paused" | b"active" | b"delayed" | b"completed" | b"failed" | b"priority"
+                    | b"stalled" | b"id" => (Framework::Bull, Role::Other),
                     _ => return None,
                 }
             };
@@ -162,13 +162,16 @@ pub fn state_keys(framework: Framework, row: &[u8]) -> Vec<(&'static str, Vec<u8
             ("failed", "failed"),
             ("waiting-children", "waiting-children"),
         ],
+        // Bull 3 has no prioritized or waiting-children keys: those read 0 there.
         Framework::Bull => &[
             ("waiting", "wait"),
             ("paused", "paused"),
             ("active", "active"),
+            ("prioritized", "prioritized"),
             ("delayed", "delayed"),
             ("completed", "completed"),
             ("failed", "failed"),
+            ("waiting-children", "waiting-children"),
         ],
         Framework::BeeQueue => &[
             ("waiting", "waiting"),
@@ -220,19 +223,31 @@ mod tests {
     fn layouts() {
         let p = prefixes();
         let c = classify(b"bull:emails:wait", &p).unwrap();
-        assert_eq!((c.framework, c.role, c.row_len), (Framework::Bull, Role::Waiting, 11));
+        assert_eq!(
+            (c.framework, c.role, c.row_len),
+            (Framework::Bull, Role::Waiting, 11)
+        );
         let c = classify(b"bull:emails:marker", &p).unwrap();
         assert_eq!((c.framework, c.role), (Framework::Bullmq, Role::Consumer));
         assert_eq!(classify(b"bull:emails:42", &p), None);
         assert_eq!(classify(b"bull:emails:42:lock", &p), None);
         let c = classify(b"bq:mail:waiting", &p).unwrap();
-        assert_eq!((c.framework, c.role, c.row_len), (Framework::BeeQueue, Role::Waiting, 7));
+        assert_eq!(
+            (c.framework, c.role, c.row_len),
+            (Framework::BeeQueue, Role::Waiting, 7)
+        );
         let c = classify(b"queue:default", &p).unwrap();
-        assert_eq!((c.framework, c.role, c.row_len), (Framework::Sidekiq, Role::Waiting, 13));
+        assert_eq!(
+            (c.framework, c.role, c.row_len),
+            (Framework::Sidekiq, Role::Waiting, 13)
+        );
         assert_eq!(classify(b"schedule", &p).unwrap().role, Role::Global);
         let c = classify(b"tasks\x06\x163", &p).unwrap();
         assert_eq!((c.framework, c.row_len), (Framework::Celery, 5));
-        assert_eq!(classify(b"rq:queue:default", &p).unwrap().framework, Framework::Rq);
+        assert_eq!(
+            classify(b"rq:queue:default", &p).unwrap().framework,
+            Framework::Rq
+        );
         assert_eq!(classify(b"mylist", &p), None);
         assert_eq!(classify(b"", &p), None);
     }

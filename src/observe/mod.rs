@@ -6,9 +6,9 @@
 //! KITE QUEUES, Prometheus, the dashboard's JSON and page). It never changes a key,
 //! never parses a job, and never touches a socket: the HTTP side is `crate::net::http`.
 
+pub mod api;
 pub mod classify;
 pub mod hist;
-pub mod api;
 pub mod prometheus;
 pub mod report;
 
@@ -26,6 +26,16 @@ pub const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 pub const HISTORY_SECS: usize = 300;
 /// A queue whose key has been gone this long is forgotten.
 const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
+
+/// Applies `queue-tracking` and this thread's share of `queue-tracking-max-queues` to
+/// the thread's table.
+pub fn configure(worker: &crate::shard::Worker) {
+    use std::sync::atomic::Ordering;
+    let t = &worker.shared.tunables;
+    let enabled = t.queue_tracking.load(Ordering::Relaxed);
+    let cap = t.queue_tracking_max.load(Ordering::Relaxed) / worker.nshards();
+    worker.shard.borrow_mut().queues.configure(enabled, cap);
+}
 
 /// One second of a queue's life: its depth then, and its pushes and pops during it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

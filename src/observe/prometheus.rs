@@ -91,13 +91,36 @@ fn queue_metrics(s: &mut String, snap: &Snapshot, allowed: &dyn Fn(&[u8]) -> boo
     };
     type Gauge = fn(&super::report::Row, u64) -> f64;
     let simple: [(&str, &str, &str, Gauge); 5] = [
-        ("kite_queue_depth", "gauge", "Elements waiting in the queue.", |r, _| r.depth as f64),
-        ("kite_queue_pushed_total", "counter", "Elements pushed since the queue was first seen.", |r, _| r.pushed as f64),
-        ("kite_queue_popped_total", "counter", "Elements taken since the queue was first seen.", |r, _| r.popped as f64),
-        ("kite_queue_consumers", "gauge", "Clients blocked on the queue now.", |r, _| r.consumers as f64),
-        ("kite_queue_oldest_age_seconds", "gauge", "Age of the oldest waiting element (0 when empty).", |r, now| {
-            r.oldest_age_ms(now).unwrap_or(0) as f64 / 1000.0
-        }),
+        (
+            "kite_queue_depth",
+            "gauge",
+            "Elements waiting in the queue.",
+            |r, _| r.depth as f64,
+        ),
+        (
+            "kite_queue_pushed_total",
+            "counter",
+            "Elements pushed since the queue was first seen.",
+            |r, _| r.pushed as f64,
+        ),
+        (
+            "kite_queue_popped_total",
+            "counter",
+            "Elements taken since the queue was first seen.",
+            |r, _| r.popped as f64,
+        ),
+        (
+            "kite_queue_consumers",
+            "gauge",
+            "Clients blocked on the queue now.",
+            |r, _| r.consumers as f64,
+        ),
+        (
+            "kite_queue_oldest_age_seconds",
+            "gauge",
+            "Age of the oldest waiting element (0 when empty).",
+            |r, now| r.oldest_age_ms(now).unwrap_or(0) as f64 / 1000.0,
+        ),
     ];
     for (name, kind, help, get) in simple {
         head(s, name, kind, help);
@@ -120,7 +143,10 @@ fn queue_metrics(s: &mut String, snap: &Snapshot, allowed: &dyn Fn(&[u8]) -> boo
                 Some(&b) => format!("{}", b as f64 / 1000.0),
                 None => "+Inf".into(),
             };
-            let _ = writeln!(s, "kite_queue_wait_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                s,
+                "kite_queue_wait_seconds_bucket{{{l},le=\"{le}\"}} {cumulative}"
+            );
         }
         let _ = writeln!(
             s,
@@ -161,7 +187,9 @@ fn queue_metrics(s: &mut String, snap: &Snapshot, allowed: &dyn Fn(&[u8]) -> boo
 /// The whole `/metrics` page; `allowed` says which queue keys the reader may see.
 pub async fn render(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> String {
     let snap = gather(worker, false).await;
-    let info = crate::commands::server::info_text(worker, &[bytes::Bytes::from_static(b"everything")]).await;
+    let info =
+        crate::commands::server::info_text(worker, &[bytes::Bytes::from_static(b"everything")])
+            .await;
     let loads = thread_loads(worker).await;
     let mut s = String::with_capacity(16 * 1024);
     queue_metrics(&mut s, &snap, allowed);
@@ -173,34 +201,121 @@ pub async fn render(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Str
             .and_then(|(_, v)| v.trim().parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    head(&mut s, "kite_queues_tracked", "gauge", "Queues tracked now.");
+    head(
+        &mut s,
+        "kite_queues_tracked",
+        "gauge",
+        "Queues tracked now.",
+    );
     let _ = writeln!(s, "kite_queues_tracked {}", snap.tracked);
-    head(&mut s, "kite_queues_overflow", "gauge", "Times a queue was not tracked because the table was full.");
+    head(
+        &mut s,
+        "kite_queues_overflow",
+        "gauge",
+        "Times a queue was not tracked because the table was full.",
+    );
     let _ = writeln!(s, "kite_queues_overflow {}", snap.overflow);
     head(&mut s, "kite_up", "gauge", "1 while the server answers.");
     s.push_str("kite_up 1\n");
     let plain: &[(&str, &str, &str, &str)] = &[
-        ("kite_uptime_seconds", "gauge", "uptime_in_seconds", "Seconds since the server started."),
-        ("kite_connected_clients", "gauge", "connected_clients", "Client connections."),
-        ("kite_blocked_clients", "gauge", "blocked_clients", "Clients blocked on a key."),
-        ("kite_memory_used_bytes", "gauge", "used_memory", "Bytes allocated."),
-        ("kite_memory_rss_bytes", "gauge", "used_memory_rss", "Resident set size."),
-        ("kite_maxmemory_bytes", "gauge", "maxmemory", "The maxmemory setting (0: none)."),
-        ("kite_expired_keys_total", "counter", "expired_keys", "Keys removed on expiry."),
-        ("kite_evicted_keys_total", "counter", "evicted_keys", "Keys evicted under maxmemory."),
-        ("kite_rdb_changes_since_last_save", "gauge", "rdb_changes_since_last_save", "Writes since the last snapshot."),
-        ("kite_rdb_last_save_timestamp_seconds", "gauge", "rdb_last_save_time", "Unix time of the last snapshot."),
-        ("kite_rdb_bgsave_in_progress", "gauge", "rdb_bgsave_in_progress", "1 while a snapshot is written."),
-        ("kite_aof_enabled", "gauge", "aof_enabled", "1 when the append-only file is on."),
-        ("kite_connected_replicas", "gauge", "connected_slaves", "Replicas connected."),
-        ("kite_replication_offset", "gauge", "master_repl_offset", "The replication offset."),
+        (
+            "kite_uptime_seconds",
+            "gauge",
+            "uptime_in_seconds",
+            "Seconds since the server started.",
+        ),
+        (
+            "kite_connected_clients",
+            "gauge",
+            "connected_clients",
+            "Client connections.",
+        ),
+        (
+            "kite_blocked_clients",
+            "gauge",
+            "blocked_clients",
+            "Clients blocked on a key.",
+        ),
+        (
+            "kite_memory_used_bytes",
+            "gauge",
+            "used_memory",
+            "Bytes allocated.",
+        ),
+        (
+            "kite_memory_rss_bytes",
+            "gauge",
+            "used_memory_rss",
+            "Resident set size.",
+        ),
+        (
+            "kite_maxmemory_bytes",
+            "gauge",
+            "maxmemory",
+            "The maxmemory setting (0: none).",
+        ),
+        (
+            "kite_expired_keys_total",
+            "counter",
+            "expired_keys",
+            "Keys removed on expiry.",
+        ),
+        (
+            "kite_evicted_keys_total",
+            "counter",
+            "evicted_keys",
+            "Keys evicted under maxmemory.",
+        ),
+        (
+            "kite_rdb_changes_since_last_save",
+            "gauge",
+            "rdb_changes_since_last_save",
+            "Writes since the last snapshot.",
+        ),
+        (
+            "kite_rdb_last_save_timestamp_seconds",
+            "gauge",
+            "rdb_last_save_time",
+            "Unix time of the last snapshot.",
+        ),
+        (
+            "kite_rdb_bgsave_in_progress",
+            "gauge",
+            "rdb_bgsave_in_progress",
+            "1 while a snapshot is written.",
+        ),
+        (
+            "kite_aof_enabled",
+            "gauge",
+            "aof_enabled",
+            "1 when the append-only file is on.",
+        ),
+        (
+            "kite_connected_replicas",
+            "gauge",
+            "connected_slaves",
+            "Replicas connected.",
+        ),
+        (
+            "kite_replication_offset",
+            "gauge",
+            "master_repl_offset",
+            "The replication offset.",
+        ),
     ];
     for (name, kind, field, help) in plain {
         head(&mut s, name, kind, help);
         let _ = writeln!(s, "{name} {}", get(field));
     }
-    head(&mut s, "kite_replication_master", "gauge", "1 on a master, 0 on a replica.");
-    let master = fields.iter().any(|(k, v)| *k == "role" && v.trim() == "master");
+    head(
+        &mut s,
+        "kite_replication_master",
+        "gauge",
+        "1 on a master, 0 on a replica.",
+    );
+    let master = fields
+        .iter()
+        .any(|(k, v)| *k == "role" && v.trim() == "master");
     let _ = writeln!(s, "kite_replication_master {}", master as u8);
     head(&mut s, "kite_keys", "gauge", "Keys per database.");
     for (k, v) in &fields {
@@ -214,40 +329,90 @@ pub async fn render(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Str
             }
         }
     }
-    head(&mut s, "kite_commands_total", "counter", "Calls by command.");
+    head(
+        &mut s,
+        "kite_commands_total",
+        "counter",
+        "Calls by command.",
+    );
     for (k, v) in &fields {
         if let Some(cmd) = k.strip_prefix("cmdstat_") {
             let calls = v
                 .split(',')
                 .find_map(|kv| kv.strip_prefix("calls="))
                 .unwrap_or("0");
-            let _ = writeln!(s, "kite_commands_total{{cmd=\"{}\"}} {calls}", label(cmd.as_bytes()));
+            let _ = writeln!(
+                s,
+                "kite_commands_total{{cmd=\"{}\"}} {calls}",
+                label(cmd.as_bytes())
+            );
         }
     }
-    head(&mut s, "kite_command_paths_total", "counter", "Commands by execution path (docs/architecture.md).");
+    head(
+        &mut s,
+        "kite_command_paths_total",
+        "counter",
+        "Commands by execution path (docs/architecture.md).",
+    );
     for (path, field) in [
         ("inline", "inline_commands"),
         ("one_hop", "one_hop_commands"),
         ("multi_shard", "multi_shard_transactions"),
     ] {
-        let _ = writeln!(s, "kite_command_paths_total{{path=\"{path}\"}} {}", get(field));
+        let _ = writeln!(
+            s,
+            "kite_command_paths_total{{path=\"{path}\"}} {}",
+            get(field)
+        );
     }
-    head(&mut s, "kite_errors_total", "counter", "Error replies by error code.");
+    head(
+        &mut s,
+        "kite_errors_total",
+        "counter",
+        "Error replies by error code.",
+    );
     for (k, v) in &fields {
         if let Some(code) = k.strip_prefix("errorstat_") {
             let n = v.strip_prefix("count=").unwrap_or("0");
-            let _ = writeln!(s, "kite_errors_total{{error=\"{}\"}} {n}", label(code.as_bytes()));
+            let _ = writeln!(
+                s,
+                "kite_errors_total{{error=\"{}\"}} {n}",
+                label(code.as_bytes())
+            );
         }
     }
-    head(&mut s, "kite_thread_cpu_seconds_total", "counter", "CPU time of each shard's thread.");
+    head(
+        &mut s,
+        "kite_thread_cpu_seconds_total",
+        "counter",
+        "CPU time of each shard's thread.",
+    );
     for t in &loads {
-        let _ = writeln!(s, "kite_thread_cpu_seconds_total{{thread=\"{}\"}} {}", t.id, t.cpu_seconds);
+        let _ = writeln!(
+            s,
+            "kite_thread_cpu_seconds_total{{thread=\"{}\"}} {}",
+            t.id, t.cpu_seconds
+        );
     }
-    head(&mut s, "kite_thread_ops_per_second", "gauge", "Commands per second on each thread.");
+    head(
+        &mut s,
+        "kite_thread_ops_per_second",
+        "gauge",
+        "Commands per second on each thread.",
+    );
     for t in &loads {
-        let _ = writeln!(s, "kite_thread_ops_per_second{{thread=\"{}\"}} {}", t.id, t.ops_per_sec);
+        let _ = writeln!(
+            s,
+            "kite_thread_ops_per_second{{thread=\"{}\"}} {}",
+            t.id, t.ops_per_sec
+        );
     }
-    head(&mut s, "kite_thread_keys", "gauge", "Keys held by each thread's shard.");
+    head(
+        &mut s,
+        "kite_thread_keys",
+        "gauge",
+        "Keys held by each thread's shard.",
+    );
     for t in &loads {
         let _ = writeln!(s, "kite_thread_keys{{thread=\"{}\"}} {}", t.id, t.keys);
     }

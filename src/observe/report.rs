@@ -225,10 +225,7 @@ pub async fn gather(worker: &Rc<Worker>, with_history: bool) -> Snapshot {
             merge_history(&mut row.history, &e.history);
         }
     }
-    let mut rows: Vec<Row> = rows
-        .into_values()
-        .filter(|r| !r.key.is_empty())
-        .collect();
+    let mut rows: Vec<Row> = rows.into_values().filter(|r| !r.key.is_empty()).collect();
     rows.sort_by(|a, b| (&a.name, a.db).cmp(&(&b.name, b.db)));
     // Framework states: the lengths of their keys, wherever those live.
     let mut wanted: Vec<(usize, Vec<u8>)> = Vec::new();
@@ -273,14 +270,18 @@ pub async fn gather(worker: &Rc<Worker>, with_history: bool) -> Snapshot {
             let states = GLOBAL_STATES
                 .iter()
                 .filter(|(gf, _, _)| *gf == f)
-                .map(|(_, state, key)| (*state, lens.get(&(db, key.to_vec())).copied().unwrap_or(0)))
+                .map(|(_, state, key)| {
+                    (*state, lens.get(&(db, key.to_vec())).copied().unwrap_or(0))
+                })
                 .collect();
             (f, db, states)
         })
         .collect();
     Snapshot {
         enabled,
-        tracked,
+        // Queues, not keys: a queue may span several tracked keys (Celery's priority
+        // lists, BullMQ's marker).
+        tracked: rows.len().min(tracked),
         overflow,
         now_ms,
         rows,
@@ -319,7 +320,13 @@ async fn key_lengths(
 
 /// Up to `n` elements at the end of `key` where the newest are, each cut to `cut`
 /// bytes: what the dashboard's page for a queue shows.
-pub async fn newest(worker: &Rc<Worker>, db: usize, key: Vec<u8>, n: usize, cut: usize) -> Vec<Vec<u8>> {
+pub async fn newest(
+    worker: &Rc<Worker>,
+    db: usize,
+    key: Vec<u8>,
+    n: usize,
+    cut: usize,
+) -> Vec<Vec<u8>> {
     let target = worker.shared.placement.shard_of(&key);
     hop(worker, target, move |w| {
         let sh = w.shard.borrow();
@@ -332,7 +339,10 @@ pub async fn newest(worker: &Rc<Worker>, db: usize, key: Vec<u8>, n: usize, cut:
             Value::List(l) => l.iter().rev().take(n).map(trim).collect(),
             Value::Stream(s) => s
                 .log
-                .range_rev(crate::types::stream::StreamId::MIN, crate::types::stream::StreamId::MAX)
+                .range_rev(
+                    crate::types::stream::StreamId::MIN,
+                    crate::types::stream::StreamId::MAX,
+                )
                 .take(n)
                 .map(|e| {
                     let mut line = format!("{}-{}", e.id.ms, e.id.seq).into_bytes();

@@ -386,8 +386,9 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         // Redis's defence against cross-protocol scripting: a browser tricked into posting
         // to this port sends "POST" and "Host:" lines, which end the connection at once.
         let attack = cmds.iter().position(|c| {
-            c.first()
-                .is_some_and(|n| n.eq_ignore_ascii_case(b"post") || n.eq_ignore_ascii_case(b"host:"))
+            c.first().is_some_and(|n| {
+                n.eq_ignore_ascii_case(b"post") || n.eq_ignore_ascii_case(b"host:")
+            })
         });
         if let Some(at) = attack {
             cmds.truncate(at);

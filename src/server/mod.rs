@@ -225,13 +225,10 @@ async fn housekeeping(worker: Rc<Worker>) {
 
 /// Applies the queue-tracking settings, and once a second records each queue's second.
 fn observe_queues(worker: &Rc<Worker>, now: u64, each_second: bool) {
-    let t = &worker.shared.tunables;
-    let enabled = t.queue_tracking.load(Ordering::Relaxed);
-    let cap = t.queue_tracking_max.load(Ordering::Relaxed) / worker.nshards();
+    crate::observe::configure(worker);
     let mut guard = worker.shard.borrow_mut();
     let sh = &mut *guard;
-    sh.queues.configure(enabled, cap);
-    if each_second && enabled && !sh.queues.is_empty() {
+    if each_second && sh.queues.enabled && !sh.queues.is_empty() {
         let dbs = &sh.dbs;
         sh.queues.sample(now, |db, key| {
             crate::observe::report::key_len_in(dbs, db, key, now)

@@ -116,9 +116,7 @@ impl Chunk {
             self.first_ms = now_ms;
             self.new_at_front = at_front;
         }
-        self.span_ms = now_ms
-            .saturating_sub(self.first_ms)
-            .min(u32::MAX as u64) as u32;
+        self.span_ms = now_ms.saturating_sub(self.first_ms).min(u32::MAX as u64) as u32;
         self.pushes = self.pushes.saturating_add(1);
     }
 
