@@ -3,7 +3,8 @@
 # malformed-input, scripting and concurrency suites), the redis-py suite in
 # tests/clients, the job-framework suites in tests/frameworks (BullMQ, Bull,
 # bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry; then
-# "secure": BullMQ and Sidekiq over TLS as restricted ACL users), and the
+# "secure": BullMQ and Sidekiq over TLS as restricted ACL users; then "observe": queue
+# metrics, /metrics and the dashboard in headless chromium), and the
 # Sentinel failover and live-migration suite in tests/sentinel.
 #
 # Works on a fresh Debian machine as root: installs what is missing (redis-server for
@@ -187,14 +188,17 @@ trap - EXIT
 # Each suite installs its framework, starts its own servers (Kite --threads 1 and 4) and
 # checks end results. "secure" reruns the BullMQ and Sidekiq suites over TLS as ACL users
 # restricted the way Sidekiq's documentation suggests (+@all -@dangerous +info), then
-# checks that those users cannot flush, list keys or reconfigure the server.
+# checks that those users cannot flush, list keys or reconfigure the server. "observe"
+# checks queue tracking (KITE QUEUES, INFO queues), /metrics and the dashboard under
+# Sidekiq and BullMQ workloads, the dashboard in Debian's chromium (docs/observe.md); it
+# installs prometheus_client into $PY and skips itself against redis-server.
 # KITE_SKIP_FRAMEWORKS=1 skips them (a quick local run).
 if [ -z "${KITE_SKIP_FRAMEWORKS:-}" ]; then
     case "$BIN" in *redis-server) export FW_SERVER=redis ;; esac
     failed=()
-    for suite in bullmq bull bee-queue sidekiq celery rq secure; do
+    for suite in bullmq bull bee-queue sidekiq celery rq secure observe; do
         log "framework suite: $suite"
-        if ! KITE_BIN="$BIN" bash "tests/frameworks/$suite/run.sh"; then
+        if ! KITE_BIN="$BIN" PY="$PY" bash "tests/frameworks/$suite/run.sh"; then
             failed+=("$suite")
         fi
     done
