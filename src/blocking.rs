@@ -947,7 +947,9 @@ pub async fn block(
     }
     drop(tx);
 
+    let waited = crate::clock::Stopwatch::start();
     let outcome = wait(sess, &mut rx, &claim, timeout).await;
+    sess.blocked_us += waited.elapsed_us();
     match outcome {
         Ok(d) => Outcome::Served(d.reply),
         Err(e) => Outcome::Ended(e),

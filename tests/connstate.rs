@@ -1341,3 +1341,37 @@ fn eviction_reaches_replica_as_del_threads1() {
 fn eviction_reaches_replica_as_del_threads4() {
     replica_sees_eviction(4);
 }
+
+/// A blocking command's time spent waiting is not execution time: it neither lands in the
+/// slow log nor in INFO commandstats' usec (Redis 7 counts only the time it ran).
+#[test]
+fn blocked_time_is_not_execution_time() {
+    let server = KiteServer::start(&[], 2);
+    let mut c = server.client();
+    ok(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "100000"]);
+    ok(&mut c, &["SLOWLOG", "RESET"]);
+    assert!(c.cmd(&["BLPOP", "nothing-here", "0.4"]).is_null());
+    // Keys on several shards (Sidekiq's fetch names every queue of a process).
+    let keys = common::spread_keys("q", 2);
+    assert!(c
+        .cmd(&["BRPOP", keys[0].as_str(), keys[1].as_str(), "0.4"])
+        .is_null());
+    let mut pusher = server.client();
+    let waiter = thread::spawn(move || c.cmd(&["BRPOP", "later", "5"]));
+    thread::sleep(Duration::from_millis(400));
+    assert_eq!(pusher.cmd(&["RPUSH", "later", "x"]).as_int(), Some(1));
+    assert_eq!(waiter.join().unwrap(), bulks(&["later", "x"]));
+    assert_eq!(
+        pusher.cmd(&["SLOWLOG", "LEN"]).as_int(),
+        Some(0),
+        "slow log: {:?}",
+        pusher.cmd(&["SLOWLOG", "GET"])
+    );
+    let stats = info_field(&mut pusher, "commandstats", "cmdstat_blpop");
+    let usec: i64 = stats
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("usec="))
+        .and_then(|v| v.parse().ok())
+        .expect("usec in cmdstat_blpop");
+    assert!(usec < 100_000, "BLPOP's 0.4 s wait counted as run time: {stats}");
+}

@@ -223,6 +223,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         tracking: false,
         caching: false,
         forced: Vec::new(),
+        blocked_us: 0,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);

@@ -86,6 +86,9 @@ pub struct Session {
     pub caching: bool,
     /// Output that goes out whatever CLIENT REPLY says (subscription confirmations).
     pub forced: Vec<u8>,
+    /// Time the running command spent blocked on keys: not execution time (INFO
+    /// commandstats and the slow log count only the time a command ran, as Redis 7 does).
+    pub blocked_us: u64,
 }
 
 impl Session {
@@ -129,6 +132,7 @@ impl Session {
             tracking: false,
             caching: false,
             forced: Vec::new(),
+            blocked_us: 0,
         }
     }
 
@@ -174,7 +178,9 @@ impl Session {
         start: crate::clock::Stopwatch,
         mark: usize,
     ) {
-        let usec = start.elapsed_us();
+        let usec = start
+            .elapsed_us()
+            .saturating_sub(std::mem::take(&mut self.blocked_us));
         let mut shard = self.worker.shard.borrow_mut();
         let handle = &self.handle;
         shard.log_if_slow(cmd, args, usec, || {
