@@ -109,6 +109,14 @@ impl Waits {
     }
 }
 
+/// What a lookup found: the key's entry, a layout key whose queue should be tracked, or
+/// nothing to count.
+enum Lookup<'a> {
+    Found(&'a mut Entry),
+    Discover(Class),
+    Nothing,
+}
+
 /// The queues of one shard.
 #[derive(Default)]
 pub struct QueueTable {
@@ -181,30 +189,45 @@ impl QueueTable {
     /// The entry counting `key`'s pushes and pops, created when `key` is a queue (`take`:
     /// something takes from it). A key of a `<prefix>:<queue>` layout that is not its
     /// waiting list makes sure the waiting list is tracked (it is on this shard too).
-    fn entry_for(&mut self, db: usize, key: &[u8], take: bool, now_ms: u64) -> Option<&mut Entry> {
-        // Checked before the borrow below: the borrow checker cannot see that the miss
-        // path does not use it.
-        if self.dbs.get(db).is_some_and(|m| m.contains_key(key)) {
-            return self.get_mut(db, key);
-        }
-        match classify(key, &self.prefixes) {
-            Some(c) if c.role == Role::Waiting => self.insert(db, key, c, now_ms),
-            Some(c) if c.stem_len > 0 => {
-                self.discover(db, key, c, now_ms);
-                None
+    /// One hash lookup when the key is tracked or is no queue.
+    fn entry_for(&mut self, db: usize, key: &[u8], take: bool, now_ms: u64) -> Lookup<'_> {
+        if self.dbs.len() <= db {
+            // No key of this database is tracked yet: only a new queue needs the map.
+            if classify(key, &self.prefixes).is_none() && !take {
+                return Lookup::Nothing;
             }
-            Some(_) => None,
-            None if take => {
-                let generic = Class {
-                    framework: Framework::None,
-                    role: Role::Waiting,
-                    row_len: key.len(),
-                    stem_len: 0,
-                };
-                self.insert(db, key, generic, now_ms)
-            }
-            None => None,
+            self.dbs.resize_with(db + 1, HashMap::new);
         }
+        let QueueTable {
+            dbs,
+            prefixes,
+            len,
+            cap,
+            overflow,
+            ..
+        } = self;
+        let vacant = match dbs[db].entry_ref(key) {
+            hashbrown::hash_map::EntryRef::Occupied(o) => return Lookup::Found(o.into_mut()),
+            hashbrown::hash_map::EntryRef::Vacant(v) => v,
+        };
+        let class = match classify(key, prefixes) {
+            Some(c) if c.role == Role::Waiting => c,
+            Some(c) if c.stem_len > 0 => return Lookup::Discover(c),
+            Some(_) => return Lookup::Nothing,
+            None if take => Class {
+                framework: Framework::None,
+                role: Role::Waiting,
+                row_len: key.len(),
+                stem_len: 0,
+            },
+            None => return Lookup::Nothing,
+        };
+        if *len >= *cap {
+            *overflow += 1;
+            return Lookup::Nothing;
+        }
+        *len += 1;
+        Lookup::Found(vacant.insert(Entry::new(class, now_ms)))
     }
 
     /// Tracks the waiting list of the `<prefix>:<queue>` that `key` belongs to, noting
@@ -241,14 +264,18 @@ impl QueueTable {
         if !self.enabled {
             return;
         }
-        if let Some(e) = self.entry_for(db, key, false, now_ms) {
-            if e.role == Role::Waiting {
-                e.pushed += n;
-                if front {
-                    e.pushed_front += n;
+        match self.entry_for(db, key, false, now_ms) {
+            Lookup::Found(e) => {
+                if e.role == Role::Waiting {
+                    e.pushed += n;
+                    if front {
+                        e.pushed_front += n;
+                    }
                 }
+                e.last_active_ms = now_ms;
             }
-            e.last_active_ms = now_ms;
+            Lookup::Discover(c) => self.discover(db, key, c, now_ms),
+            Lookup::Nothing => {}
         }
     }
 
@@ -258,14 +285,18 @@ impl QueueTable {
         if !self.enabled || waits.count == 0 {
             return;
         }
-        if let Some(e) = self.entry_for(db, key, true, now_ms) {
-            if e.role == Role::Waiting {
-                e.popped += waits.count;
-                for t in waits.times() {
-                    e.hist.record_ms(now_ms.saturating_sub(t));
+        match self.entry_for(db, key, true, now_ms) {
+            Lookup::Found(e) => {
+                if e.role == Role::Waiting {
+                    e.popped += waits.count;
+                    for t in waits.times() {
+                        e.hist.record_ms(now_ms.saturating_sub(t));
+                    }
                 }
+                e.last_active_ms = now_ms;
             }
-            e.last_active_ms = now_ms;
+            Lookup::Discover(c) => self.discover(db, key, c, now_ms),
+            Lookup::Nothing => {}
         }
     }
 
@@ -287,8 +318,10 @@ impl QueueTable {
             self.discover(db, key, c, now_ms);
             return;
         }
-        if let Some(e) = self.entry_for(db, key, true, now_ms) {
-            e.last_active_ms = now_ms;
+        match self.entry_for(db, key, true, now_ms) {
+            Lookup::Found(e) => e.last_active_ms = now_ms,
+            Lookup::Discover(c) => self.discover(db, key, c, now_ms),
+            Lookup::Nothing => {}
         }
     }
 
