@@ -118,15 +118,26 @@ enum Lookup<'a> {
 }
 
 /// The queues of one shard.
+///
+/// Entries live in a slab, found by (database, key) through a per-database index; the
+/// last entry found is remembered, so a queue pushed to and popped from over and over
+/// (what a busy queue sees) is found with a key comparison instead of a hash.
 #[derive(Default)]
 pub struct QueueTable {
     pub enabled: bool,
     cap: usize,
     prefixes: Vec<Vec<u8>>,
-    dbs: Vec<HashMap<Box<[u8]>, Entry>>,
-    len: usize,
-    /// Queues not tracked because the table was full.
+    slab: Vec<Slot>,
+    index: Vec<HashMap<Box<[u8]>, u32>>,
+    last: Option<u32>,
+    /// Times a key would have become a queue but the table was full.
     pub overflow: u64,
+}
+
+struct Slot {
+    db: usize,
+    key: Box<[u8]>,
+    entry: Entry,
 }
 
 impl QueueTable {
@@ -141,76 +152,75 @@ impl QueueTable {
 
     /// Applies `queue-tracking` and this thread's share of `queue-tracking-max-queues`.
     pub fn configure(&mut self, enabled: bool, cap: usize) {
-        if !enabled && self.len > 0 {
-            self.dbs.clear();
-            self.len = 0;
+        if !enabled && !self.slab.is_empty() {
+            self.slab.clear();
+            self.index.clear();
+            self.last = None;
         }
         self.enabled = enabled;
         self.cap = cap.max(1);
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.slab.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.slab.is_empty()
     }
 
     pub fn entries(&self) -> impl Iterator<Item = (usize, &[u8], &Entry)> {
-        self.dbs
-            .iter()
-            .enumerate()
-            .flat_map(|(db, m)| m.iter().map(move |(k, e)| (db, &k[..], e)))
+        self.slab.iter().map(|s| (s.db, &s.key[..], &s.entry))
     }
 
-    #[inline]
+    fn find(&self, db: usize, key: &[u8]) -> Option<u32> {
+        self.index.get(db)?.get(key).copied()
+    }
+
     fn get_mut(&mut self, db: usize, key: &[u8]) -> Option<&mut Entry> {
-        self.dbs.get_mut(db)?.get_mut(key)
+        let i = self.find(db, key)?;
+        Some(&mut self.slab[i as usize].entry)
     }
 
     /// Starts tracking `key` unless the table is full.
     fn insert(&mut self, db: usize, key: &[u8], class: Class, now_ms: u64) -> Option<&mut Entry> {
-        if self.len >= self.cap {
+        if let Some(i) = self.find(db, key) {
+            return Some(&mut self.slab[i as usize].entry);
+        }
+        if self.slab.len() >= self.cap {
             self.overflow += 1;
             return None;
         }
-        if self.dbs.len() <= db {
-            self.dbs.resize_with(db + 1, HashMap::new);
+        if self.index.len() <= db {
+            self.index.resize_with(db + 1, HashMap::new);
         }
-        self.len += 1;
-        Some(
-            self.dbs[db]
-                .entry(key.into())
-                .or_insert_with(|| Entry::new(class, now_ms)),
-        )
+        let i = self.slab.len() as u32;
+        self.index[db].insert(key.into(), i);
+        self.slab.push(Slot {
+            db,
+            key: key.into(),
+            entry: Entry::new(class, now_ms),
+        });
+        self.last = Some(i);
+        Some(&mut self.slab[i as usize].entry)
     }
 
     /// The entry counting `key`'s pushes and pops, created when `key` is a queue (`take`:
     /// something takes from it). A key of a `<prefix>:<queue>` layout that is not its
     /// waiting list makes sure the waiting list is tracked (it is on this shard too).
-    /// One hash lookup when the key is tracked or is no queue.
+    #[inline]
     fn entry_for(&mut self, db: usize, key: &[u8], take: bool, now_ms: u64) -> Lookup<'_> {
-        if self.dbs.len() <= db {
-            // No key of this database is tracked yet: only a new queue needs the map.
-            if classify(key, &self.prefixes).is_none() && !take {
-                return Lookup::Nothing;
+        if let Some(i) = self.last {
+            let s = &self.slab[i as usize];
+            if s.db == db && *s.key == *key {
+                return Lookup::Found(&mut self.slab[i as usize].entry);
             }
-            self.dbs.resize_with(db + 1, HashMap::new);
         }
-        let QueueTable {
-            dbs,
-            prefixes,
-            len,
-            cap,
-            overflow,
-            ..
-        } = self;
-        let vacant = match dbs[db].entry_ref(key) {
-            hashbrown::hash_map::EntryRef::Occupied(o) => return Lookup::Found(o.into_mut()),
-            hashbrown::hash_map::EntryRef::Vacant(v) => v,
-        };
-        let class = match classify(key, prefixes) {
+        if let Some(i) = self.find(db, key) {
+            self.last = Some(i);
+            return Lookup::Found(&mut self.slab[i as usize].entry);
+        }
+        let class = match classify(key, &self.prefixes) {
             Some(c) if c.role == Role::Waiting => c,
             Some(c) if c.stem_len > 0 => return Lookup::Discover(c),
             Some(_) => return Lookup::Nothing,
@@ -222,12 +232,10 @@ impl QueueTable {
             },
             None => return Lookup::Nothing,
         };
-        if *len >= *cap {
-            *overflow += 1;
-            return Lookup::Nothing;
+        match self.insert(db, key, class, now_ms) {
+            Some(e) => Lookup::Found(e),
+            None => Lookup::Nothing,
         }
-        *len += 1;
-        Lookup::Found(vacant.insert(Entry::new(class, now_ms)))
     }
 
     /// Tracks the waiting list of the `<prefix>:<queue>` that `key` belongs to, noting
@@ -329,30 +337,37 @@ impl QueueTable {
     /// `depth` gives a key's length, None when it does not exist.
     pub fn sample(&mut self, now_ms: u64, mut depth: impl FnMut(usize, &[u8]) -> Option<u64>) {
         let unix_s = (now_ms / 1000) as u32;
-        let mut gone = 0;
-        for (db, m) in self.dbs.iter_mut().enumerate() {
-            m.retain(|k, e| {
-                let d = depth(db, k);
-                if d.is_some() {
-                    e.last_active_ms = e.last_active_ms.max(now_ms);
-                } else if now_ms.saturating_sub(e.last_active_ms) > FORGET_AFTER_MS {
-                    gone += 1;
-                    return false;
-                }
-                if e.history.len() >= HISTORY_SECS {
-                    e.history.pop_front();
-                }
-                let s = Sample {
-                    unix_s,
-                    depth: d.unwrap_or(0).min(u32::MAX as u64) as u32,
-                    pushed: (e.pushed - e.sampled.0).min(u32::MAX as u64) as u32,
-                    popped: (e.popped - e.sampled.1).min(u32::MAX as u64) as u32,
-                };
-                e.sampled = (e.pushed, e.popped);
-                e.history.push_back(s);
-                true
-            });
+        let before = self.slab.len();
+        self.slab.retain_mut(|slot| {
+            let e = &mut slot.entry;
+            let d = depth(slot.db, &slot.key);
+            if d.is_some() {
+                e.last_active_ms = e.last_active_ms.max(now_ms);
+            } else if now_ms.saturating_sub(e.last_active_ms) > FORGET_AFTER_MS {
+                return false;
+            }
+            if e.history.len() >= HISTORY_SECS {
+                e.history.pop_front();
+            }
+            let s = Sample {
+                unix_s,
+                depth: d.unwrap_or(0).min(u32::MAX as u64) as u32,
+                pushed: (e.pushed - e.sampled.0).min(u32::MAX as u64) as u32,
+                popped: (e.popped - e.sampled.1).min(u32::MAX as u64) as u32,
+            };
+            e.sampled = (e.pushed, e.popped);
+            e.history.push_back(s);
+            true
+        });
+        if self.slab.len() != before {
+            // Positions moved: index the slab again.
+            self.last = None;
+            for m in &mut self.index {
+                m.clear();
+            }
+            for (i, slot) in self.slab.iter().enumerate() {
+                self.index[slot.db].insert(slot.key.clone(), i as u32);
+            }
         }
-        self.len -= gone;
     }
 }
