@@ -1348,7 +1348,10 @@ fn eviction_reaches_replica_as_del_threads4() {
 fn blocked_time_is_not_execution_time() {
     let server = KiteServer::start(&[], 2);
     let mut c = server.client();
-    ok(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "100000"]);
+    ok(
+        &mut c,
+        &["CONFIG", "SET", "slowlog-log-slower-than", "100000"],
+    );
     ok(&mut c, &["SLOWLOG", "RESET"]);
     assert!(c.cmd(&["BLPOP", "nothing-here", "0.4"]).is_null());
     // Keys on several shards (Sidekiq's fetch names every queue of a process).
@@ -1373,5 +1376,8 @@ fn blocked_time_is_not_execution_time() {
         .find_map(|kv| kv.strip_prefix("usec="))
         .and_then(|v| v.parse().ok())
         .expect("usec in cmdstat_blpop");
-    assert!(usec < 100_000, "BLPOP's 0.4 s wait counted as run time: {stats}");
+    assert!(
+        usec < 100_000,
+        "BLPOP's 0.4 s wait counted as run time: {stats}"
+    );
 }

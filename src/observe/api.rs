@@ -248,7 +248,7 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
         out.push('}');
     }
     out.push_str("],\"slowlog\":[");
-    slow.sort_by(|a, b| (b.unix_secs, b.id).cmp(&(a.unix_secs, a.id)));
+    slow.sort_by_key(|e| std::cmp::Reverse((e.unix_secs, e.id)));
     for (i, e) in slow.iter().take(10).enumerate() {
         if i > 0 {
             out.push(',');

@@ -71,6 +71,9 @@ impl Row {
     }
 }
 
+/// A framework's framework-wide states in one database: (framework, db, [(state, count)]).
+pub type GlobalStates = (Framework, usize, Vec<(&'static str, u64)>);
+
 /// Everything the readers show.
 pub struct Snapshot {
     pub enabled: bool,
@@ -78,8 +81,8 @@ pub struct Snapshot {
     pub overflow: u64,
     pub now_ms: u64,
     pub rows: Vec<Row>,
-    /// Framework-wide states: (framework, db, [(state, count)]).
-    pub globals: Vec<(Framework, usize, Vec<(&'static str, u64)>)>,
+    /// Framework-wide states.
+    pub globals: Vec<GlobalStates>,
 }
 
 /// The length of whatever `key` holds, and its type; None when missing.
