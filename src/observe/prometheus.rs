@@ -381,40 +381,32 @@ pub async fn render(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Str
             );
         }
     }
-    head(
-        &mut s,
-        "kite_thread_cpu_seconds_total",
-        "counter",
-        "CPU time of each shard's thread.",
-    );
-    for t in &loads {
-        let _ = writeln!(
-            s,
-            "kite_thread_cpu_seconds_total{{thread=\"{}\"}} {}",
-            t.id, t.cpu_seconds
-        );
-    }
-    head(
-        &mut s,
-        "kite_thread_ops_per_second",
-        "gauge",
-        "Commands per second on each thread.",
-    );
-    for t in &loads {
-        let _ = writeln!(
-            s,
-            "kite_thread_ops_per_second{{thread=\"{}\"}} {}",
-            t.id, t.ops_per_sec
-        );
-    }
-    head(
-        &mut s,
-        "kite_thread_keys",
-        "gauge",
-        "Keys held by each thread's shard.",
-    );
-    for t in &loads {
-        let _ = writeln!(s, "kite_thread_keys{{thread=\"{}\"}} {}", t.id, t.keys);
+    type PerThread = fn(&ThreadLoad) -> f64;
+    let per_thread: [(&str, &str, &str, PerThread); 3] = [
+        (
+            "kite_thread_cpu_seconds_total",
+            "counter",
+            "CPU time of each shard's thread.",
+            |t| t.cpu_seconds,
+        ),
+        (
+            "kite_thread_ops_per_second",
+            "gauge",
+            "Commands per second on each thread.",
+            |t| t.ops_per_sec as f64,
+        ),
+        (
+            "kite_thread_keys",
+            "gauge",
+            "Keys held by each thread's shard.",
+            |t| t.keys as f64,
+        ),
+    ];
+    for (name, kind, help, get) in per_thread {
+        head(&mut s, name, kind, help);
+        for t in &loads {
+            let _ = writeln!(s, "{name}{{thread=\"{}\"}} {}", t.id, get(t));
+        }
     }
     s
 }

@@ -143,6 +143,22 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: mpsc::UnboundedReceiver<
 /// connections from its Lua hook (`scripting::busy`), while one whose mailbox is served
 /// takes them at once.
 fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener, tls: bool) {
+    accept_each(&shared, &listener, "", |target, stream| {
+        shared.inbox[target]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((stream, tls));
+        shared.send(target, Box::new(conn::take_inbox));
+    });
+}
+
+/// Accepts connections for ever, dealing them to the threads in turn.
+fn accept_each(
+    shared: &Shared,
+    listener: &std::net::TcpListener,
+    what: &str,
+    mut deal: impl FnMut(usize, std::net::TcpStream),
+) {
     let n = shared.nshards();
     let mut next = 0usize;
     loop {
@@ -150,41 +166,24 @@ fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener, tls: bool) 
             Ok((s, _)) => s,
             Err(e) => {
                 // Out of descriptors and similar: wait a little rather than spin.
-                tracing::warn!("accept failed: {e}");
+                tracing::warn!("accept failed{what}: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
-        let target = next % n;
+        deal(next % n, stream);
         next = next.wrapping_add(1);
-        shared.inbox[target]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((stream, tls));
-        shared.send(target, Box::new(conn::take_inbox));
     }
 }
 
 /// Accepts on `http-port` and deals the connections to the threads in turn.
 fn accept_http_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
-    let n = shared.nshards();
-    let mut next = 0usize;
-    loop {
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("accept failed on http-port: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let target = next % n;
-        next = next.wrapping_add(1);
+    accept_each(&shared, &listener, " on http-port", |target, stream| {
         shared.send(
             target,
             Box::new(move |w| crate::net::http::accept(w, stream)),
         );
-    }
+    });
 }
 
 /// Periodic work of each thread: active expiry, the ops/sec samples, idle-client timeouts
