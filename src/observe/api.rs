@@ -163,7 +163,9 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
                 addr: e.addr.clone(),
             })
             .collect();
-        (clients, slow)
+        let seconds: Vec<(u32, u32, u64)> =
+            w.shard.borrow().second_history.iter().copied().collect();
+        (clients, slow, seconds)
     })
     .await;
     let processes = sidekiq_processes(worker).await;
@@ -224,7 +226,14 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
     out.push_str("],\"clients\":[");
     let mut first = true;
     let mut slow: Vec<SlowLine> = Vec::new();
-    for (clients, s) in per_thread {
+    // Commands per second summed over the threads; memory is the process's.
+    let mut seconds: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+    for (clients, s, hist) in per_thread {
+        for (t, n, mem) in hist {
+            let e = seconds.entry(t).or_default();
+            e.0 += n as u64;
+            e.1 = e.1.max(mem);
+        }
         for c in clients {
             if !first {
                 out.push(',');
@@ -233,6 +242,13 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
             string(&mut out, c.as_bytes());
         }
         slow.extend(s);
+    }
+    out.push_str("],\"seconds\":[");
+    for (i, (t, (n, mem))) in seconds.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "[{t},{n},{mem}]");
     }
     out.push_str("],\"sidekiq_processes\":[");
     for (i, (identity, fields)) in processes.iter().enumerate() {

@@ -227,6 +227,9 @@ fn observe_queues(worker: &Rc<Worker>, now: u64, each_second: bool) {
     crate::observe::configure(worker);
     let mut guard = worker.shard.borrow_mut();
     let sh = &mut *guard;
+    if each_second {
+        sh.sample_second(now);
+    }
     if each_second && sh.queues.enabled && !sh.queues.is_empty() {
         let dbs = &sh.dbs;
         sh.queues.sample(now, |db, key| {

@@ -356,6 +356,10 @@ pub struct Shard {
     aof_defers: u32,
     /// (unix ms, total commands) sampled every tick, for instantaneous_ops_per_sec.
     ops_samples: VecDeque<(u64, u64)>,
+    /// (unix second, commands in that second, used memory then), the last 300 s: the
+    /// dashboard's throughput and memory charts.
+    pub second_history: VecDeque<(u32, u32, u64)>,
+    second_mark: u64,
 }
 
 impl Shard {
@@ -390,6 +394,8 @@ impl Shard {
             aof_defers: 0,
             writing: true,
             ops_samples: VecDeque::new(),
+            second_history: VecDeque::new(),
+            second_mark: 0,
             evict_next_db: 0,
             rng: Cell::new(
                 0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
@@ -456,6 +462,19 @@ impl Shard {
         while self.ops_samples.len() > 16 {
             self.ops_samples.pop_front();
         }
+    }
+
+    /// Once a second: this thread's commands in the last second, for the dashboard.
+    pub fn sample_second(&mut self, now_ms: u64) {
+        let total = self.stats.total_commands;
+        let done = total.saturating_sub(self.second_mark).min(u32::MAX as u64) as u32;
+        self.second_mark = total;
+        if self.second_history.len() >= crate::observe::HISTORY_SECS {
+            self.second_history.pop_front();
+        }
+        let memory = self.shared.used_memory.load(Ordering::Relaxed) as u64;
+        self.second_history
+            .push_back(((now_ms / 1000) as u32, done, memory));
     }
 
     pub fn ops_per_sec(&self) -> u64 {
