@@ -2687,3 +2687,187 @@ fn inline_get_is_still_resp() {
     );
     assert_eq!(raw.cmd(&["PING"]), Resp::simple("PONG"));
 }
+
+// ---------------------------------------------------------------------------
+// Review findings: what a page shows follows the viewer's permissions; DNS rebinding;
+// busy scripts; sorted-set pushes; databases in /metrics
+// ---------------------------------------------------------------------------
+
+/// /api/state shows another user's queue nowhere (not in INFO's lines either), and
+/// the clients and the slow log only to a user who may run CLIENT LIST and SLOWLOG GET.
+#[test]
+fn http_state_follows_permissions() {
+    if skip_kite_only("http_state_follows_permissions") {
+        return;
+    }
+    let server = KiteServer::start(&["--requirepass", "pw"], 2);
+    let mut c = server.client();
+    ok(
+        &mut c,
+        &[
+            "ACL", "SETUSER", "carol", "on", ">cpw", "~bull:*", "+@all", "-client", "-slowlog",
+        ],
+    );
+    ok(
+        &mut c,
+        &[
+            "ACL", "SETUSER", "dave", "on", ">dpw", "~*", "+@all", "-info",
+        ],
+    );
+    write_bull_and_sidekiq(&mut c);
+    ok(&mut c, &["CLIENT", "SETNAME", "secret-client-name"]);
+    ok(&mut c, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    int(&mut c, &["LPUSH", "slow-secret-key", "x"]);
+    let port = server.port;
+    let state = get_as(port, "/api/state", "carol", "cpw");
+    state.expect_status(200, "carol's /api/state");
+    let text = state.text();
+    assert!(
+        text.contains("bull:emails"),
+        "carol sees her queue: {}",
+        truncate(&text, 300)
+    );
+    for hidden in ["queue:default", "secret-client-name", "slow-secret-key"] {
+        assert!(!text.contains(hidden), "carol's /api/state shows {hidden}");
+    }
+    get_as(port, "/metrics", "dave", "dpw").expect_status(403, "dave may not run INFO");
+    get_as(port, "/api/state", "dave", "dpw").expect_status(403, "dave may not run INFO");
+    get_as(port, "/healthz", "dave", "dpw").expect_status(200, "/healthz needs no INFO");
+}
+
+/// A default user that needs no password but may run nothing does not open HTTP.
+#[test]
+fn http_open_default_user_without_info_must_log_in() {
+    if skip_kite_only("http_open_default_user_without_info_must_log_in") {
+        return;
+    }
+    let server = KiteServer::start(&[], 1);
+    let mut c = server.client();
+    ok(
+        &mut c,
+        &["ACL", "SETUSER", "admin", "on", ">apw", "~*", "&*", "+@all"],
+    );
+    ok(&mut c, &["ACL", "SETUSER", "default", "-@all"]);
+    assert_unauthorized(
+        &get(server.port, "/metrics"),
+        "/metrics as a default user with -@all",
+    );
+    get_as(server.port, "/metrics", "admin", "apw").expect_status(200, "admin's /metrics");
+}
+
+/// Without a password, the dashboard's data answers only requests addressed to an IP
+/// address or localhost (a page that rebinds its own name to 127.0.0.1 gets nothing).
+#[test]
+fn http_open_api_refuses_other_hosts() {
+    if skip_kite_only("http_open_api_refuses_other_hosts") {
+        return;
+    }
+    let server = KiteServer::start(&[], 1);
+    let request = |host: &str, path: &str| {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        http_raw(server.port, req.as_bytes(), false)
+    };
+    request("evil.example", "/api/state").expect_status(403, "/api/state for evil.example");
+    request("evil.example:6379", "/api/queue?name=x").expect_status(403, "/api/queue");
+    let local = format!("127.0.0.1:{}", server.port);
+    request(&local, "/api/state").expect_status(200, "/api/state by address");
+    request("localhost", "/api/state").expect_status(200, "/api/state for localhost");
+    request("evil.example", "/metrics").expect_status(200, "/metrics stays open");
+}
+
+/// An HTTP request line that arrives while a script is busy is answered as HTTP once the
+/// script ends (not with -BUSY); a POST then is closed, not answered.
+#[test]
+fn http_during_a_busy_script() {
+    if skip_kite_only("http_during_a_busy_script") {
+        return;
+    }
+    let server = KiteServer::start(&["--busy-reply-threshold", "50"], 1);
+    let mut c = server.client();
+    let port = server.port;
+    // Connections made before the script starts, each sending its first line during it.
+    let mut http = connect_raw(port);
+    let mut post = connect_raw(port);
+    let mut killer = server.client();
+    // All four connections are known to the server before the script starts.
+    wait_for("four clients in CLIENT LIST", || {
+        let list = killer
+            .cmd(&["CLIENT", "LIST"])
+            .as_string()
+            .unwrap_or_default();
+        (list.lines().count() == 4).then_some(())
+    });
+    let script = std::thread::spawn(move || {
+        c.cmd(&["EVAL", "local i = 0 while true do i = i + 1 end", "0"])
+    });
+    wait_for("the script to be busy", || {
+        let r = killer.cmd(&["PING"]);
+        r.error_text()
+            .is_some_and(|e| e.starts_with("BUSY"))
+            .then_some(())
+    });
+    http.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    post.write_all(b"POST / HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let posted = read_to_eof(&mut post, "POST during a busy script");
+    assert!(
+        posted.is_empty(),
+        "POST answered: {:?}",
+        String::from_utf8_lossy(&posted)
+    );
+    let r = killer.cmd(&["SCRIPT", "KILL"]);
+    assert_eq!(r, Resp::ok());
+    let _ = script.join();
+    let raw = read_to_eof(&mut http, "GET during a busy script");
+    let reply = parse_http(&raw, "GET /healthz during a busy script", false);
+    reply.expect_status(200, "GET /healthz after the script");
+    assert_eq!(reply.text(), "ok\n");
+}
+
+/// ZADD to a sorted set that is a queue counts as pushes.
+#[test]
+fn zset_queue_counts_zadd() {
+    if skip_kite_only("zset_queue_counts_zadd") {
+        return;
+    }
+    let server = KiteServer::start(&[], 2);
+    let mut c = server.client();
+    null_reply(&mut c, &["BZPOPMIN", "prio", "0.05"]);
+    assert_eq!(
+        int(&mut c, &["ZADD", "prio", "1", "a", "2", "b", "3", "c"]),
+        3
+    );
+    assert_eq!(int(&mut c, &["ZADD", "prio", "5", "a"]), 0);
+    let _ = c.cmd(&["ZPOPMIN", "prio"]);
+    assert_counts(&queue(&mut c, "prio"), 2, 3, 1);
+}
+
+/// The same queue name in two databases gives two series in /metrics.
+#[test]
+fn metrics_tell_databases_apart() {
+    if skip_kite_only("metrics_tell_databases_apart") {
+        return;
+    }
+    let server = KiteServer::start(&[], 1);
+    let mut c = server.client();
+    null_reply(&mut c, &["BLPOP", "same", "0.05"]);
+    int(&mut c, &["RPUSH", "same", "a"]);
+    ok(&mut c, &["SELECT", "1"]);
+    null_reply(&mut c, &["BLPOP", "same", "0.05"]);
+    int(&mut c, &["RPUSH", "same", "a", "b"]);
+    let text = get(server.port, "/metrics")
+        .expect_status(200, "/metrics")
+        .text();
+    let depth: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("kite_queue_depth{queue=\"same\""))
+        .collect();
+    assert_eq!(depth.len(), 2, "one series per database: {depth:?}");
+    assert!(
+        depth
+            .iter()
+            .any(|l| l.contains("db=\"1\"") && l.ends_with(" 2")),
+        "{depth:?}"
+    );
+}

@@ -709,6 +709,10 @@ fn zadd_generic(ctx: &mut ExecCtx, args: &[Bytes], mut flags: AddFlags) {
     }
     if added > 0 {
         ctx.key_ready(key);
+        // New members of a sorted set that is a queue are its pushes.
+        ctx.shard
+            .queues
+            .pushed(ctx.db, key, added as u64, false, ctx.now_ms);
     }
     if nan {
         return ctx.out.error(NAN_RESULT);

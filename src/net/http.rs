@@ -21,8 +21,9 @@ use crate::shard::Worker;
 
 /// The longest request head read; past it the connection gets 431.
 const MAX_HEAD: usize = 16 * 1024;
-/// How long a client may take to send its request.
+/// How long a client may take to send its request's head, and to read the answer.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Sniff {
@@ -65,6 +66,7 @@ struct Request {
     path: String,
     query: String,
     authorization: Option<String>,
+    host: Option<String>,
 }
 
 fn parse_head(head: &[u8]) -> Option<Request> {
@@ -74,11 +76,14 @@ fn parse_head(head: &[u8]) -> Option<Request> {
     let method = first.next()?.to_string();
     let target = first.next()?;
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let mut authorization = None;
+    let (mut authorization, mut host) = (None, None);
     for l in lines {
         if let Some((name, value)) = l.split_once(':') {
-            if name.trim().eq_ignore_ascii_case("authorization") {
+            let name = name.trim();
+            if name.eq_ignore_ascii_case("authorization") {
                 authorization = Some(value.trim().to_string());
+            } else if name.eq_ignore_ascii_case("host") {
+                host = Some(value.trim().to_string());
             }
         }
     }
@@ -87,6 +92,7 @@ fn parse_head(head: &[u8]) -> Option<Request> {
         path: path.to_string(),
         query: query.to_string(),
         authorization,
+        host,
     })
 }
 
@@ -179,25 +185,71 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Who is asking: a user whose key patterns filter the queues, or anyone (open metrics).
+/// Who is asking: a user whose permissions decide what is shown, or anyone (open
+/// metrics).
 enum Viewer {
     User(Arc<User>),
     Anyone,
 }
 
 impl Viewer {
+    /// Whether the viewer may read `key` (a queue's, a framework's).
     fn allows(&self, key: &[u8]) -> bool {
         match self {
             Viewer::User(u) => u.selectors.iter().any(|s| s.key_allowed(key, true, false)),
             Viewer::Anyone => true,
         }
     }
+
+    /// Whether the viewer may run `argv` on the RESP port: what a page shows needs the
+    /// permission of the command that shows it there (INFO, CLIENT LIST, SLOWLOG GET).
+    fn may(&self, argv: &[&str]) -> bool {
+        match self {
+            Viewer::Anyone => true,
+            Viewer::User(u) => {
+                let Some(cmd) = crate::commands::table().lookup(argv[0].as_bytes()) else {
+                    return false;
+                };
+                let args: Vec<bytes::Bytes> = argv
+                    .iter()
+                    .map(|a| bytes::Bytes::copy_from_slice(a.as_bytes()))
+                    .collect();
+                u.check(cmd, &args).is_ok()
+            }
+        }
+    }
+}
+
+/// What a page may show its viewer beyond the queues its key patterns allow.
+pub struct Shown<'a> {
+    pub key: &'a dyn Fn(&[u8]) -> bool,
+    pub clients: bool,
+    pub slowlog: bool,
+}
+
+/// Whether `host` (a Host header) names this machine by address or as localhost.
+fn host_is_address(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6]:port
+        return rest
+            .split(']')
+            .next()
+            .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok());
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 fn access(worker: &Rc<Worker>, req: &Request) -> Result<Viewer, Response> {
     let acl = &worker.shared.acl;
-    if acl.default_open() {
-        return Ok(Viewer::User(acl.default_user()));
+    // The default user, when it needs no password, is who an HTTP client without
+    // credentials is, as a RESP client is; one that may not even run INFO must log in.
+    if acl.default_open() && req.authorization.is_none() {
+        let viewer = Viewer::User(acl.default_user());
+        if viewer.may(&["info"]) || req.path == "/healthz" {
+            return Ok(viewer);
+        }
     }
     let scrape = matches!(req.path.as_str(), "/metrics" | "/healthz");
     if scrape
@@ -261,7 +313,29 @@ async fn respond(worker: &Rc<Worker>, req: &Request) -> Response {
         Ok(v) => v,
         Err(r) => return r,
     };
+    let data_path = matches!(req.path.as_str(), "/metrics" | "/api/state" | "/api/queue");
+    if data_path && !viewer.may(&["info"]) {
+        return Response::text(
+            403,
+            "This user may not run INFO, which these figures come from.\n",
+        );
+    }
+    // With no password anywhere, a web page could rename its own host to 127.0.0.1 (DNS
+    // rebinding) and read the dashboard's data as its own: without credentials, the API
+    // answers only requests addressed to an IP address or localhost.
+    let open = req.authorization.is_none() && matches!(viewer, Viewer::User(_));
+    if open && req.path.starts_with("/api/") && !req.host.as_deref().is_some_and(host_is_address) {
+        return Response::text(
+            403,
+            "Without a password, the dashboard's data is served to requests addressed to an IP address or localhost only (a defence against DNS rebinding). Use the address, or set a password.\n",
+        );
+    }
     let allows = |k: &[u8]| viewer.allows(k);
+    let shown = Shown {
+        key: &allows,
+        clients: viewer.may(&["client", "list"]),
+        slowlog: viewer.may(&["slowlog", "get"]),
+    };
     match req.path.as_str() {
         "/" | "/index.html" => Response {
             status: 200,
@@ -287,7 +361,7 @@ async fn respond(worker: &Rc<Worker>, req: &Request) -> Response {
         "/api/state" => Response {
             status: 200,
             content_type: "application/json",
-            body: observe::api::state(worker, &allows).await.into_bytes(),
+            body: observe::api::state(worker, &shown).await.into_bytes(),
             extra: "",
         },
         "/api/queue" => {
@@ -306,19 +380,40 @@ async fn respond(worker: &Rc<Worker>, req: &Request) -> Response {
     }
 }
 
+/// HTTP connections open now (on both ports): past `MAX_OPEN`, new ones are closed.
+static OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const MAX_OPEN: usize = 256;
+
 /// Serves one HTTP request on `stream`, whose first bytes are in `buf`.
-pub async fn serve(worker: &Rc<Worker>, stream: &Stream, mut buf: BytesMut) {
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break Some(i);
+pub async fn serve(worker: &Rc<Worker>, stream: &Stream, buf: BytesMut) {
+    if OPEN.fetch_add(1, Ordering::AcqRel) >= MAX_OPEN {
+        OPEN.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    serve_one(worker, stream, buf).await;
+    OPEN.fetch_sub(1, Ordering::AcqRel);
+}
+
+async fn serve_one(worker: &Rc<Worker>, stream: &Stream, mut buf: BytesMut) {
+    // The whole head must arrive within READ_TIMEOUT, however it is dripped in.
+    let head = tokio::time::timeout(READ_TIMEOUT, async {
+        loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                return Some(Some(i));
+            }
+            if buf.len() > MAX_HEAD {
+                return Some(None);
+            }
+            match stream.read_some(&mut buf).await {
+                Ok(n) if n > 0 => {}
+                _ => return None,
+            }
         }
-        if buf.len() > MAX_HEAD {
-            break None;
-        }
-        match tokio::time::timeout(READ_TIMEOUT, stream.read_some(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return,
-        }
+    })
+    .await;
+    let head_end = match head {
+        Ok(Some(h)) => h,
+        _ => return,
     };
     let head_only;
     let response = match head_end.map(|i| parse_head(&buf[..i])) {
@@ -348,7 +443,8 @@ pub async fn serve(worker: &Rc<Worker>, stream: &Stream, mut buf: BytesMut) {
         out.extend_from_slice(&response.body);
     }
     worker.shard.borrow_mut().stats.net_output_bytes += out.len() as u64;
-    let _ = stream.write_all(&out).await;
+    // A client that does not read its answer is dropped.
+    let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await;
 }
 
 /// A connection accepted on `http-port`.
@@ -395,6 +491,22 @@ mod tests {
         assert_eq!(sniff(b"*1\r\n$4\r\nPING\r\n"), Sniff::Resp);
         assert_eq!(sniff(b"PING\r\n"), Sniff::Resp);
         assert_eq!(sniff(b"GETSET a b\r\n"), Sniff::Resp);
+    }
+
+    #[test]
+    fn hosts_by_address() {
+        for h in [
+            "127.0.0.1:6379",
+            "localhost:6379",
+            "LOCALHOST",
+            "[::1]:6379",
+            "10.0.0.5",
+        ] {
+            assert!(host_is_address(h), "{h}");
+        }
+        for h in ["evil.example:6379", "kite", "[nope]:1"] {
+            assert!(!host_is_address(h), "{h}");
+        }
     }
 
     #[test]

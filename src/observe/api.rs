@@ -134,10 +134,13 @@ struct SlowLine {
     addr: String,
 }
 
-/// `/api/state`. `allowed` says which queue keys the reader may see.
-pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> String {
+/// `/api/state`. `shown` says which keys the reader may see, and whether it may see the
+/// clients and the slow log.
+pub async fn state(worker: &Rc<Worker>, shown: &crate::net::http::Shown<'_>) -> String {
+    let allowed = shown.key;
     let snap = gather(worker, false).await;
-    let info = crate::commands::server::info_text(worker, &[Bytes::from_static(b"all")]).await;
+    // The default sections: no queue lines (those are filtered below), no commandstats.
+    let info = crate::commands::server::info_text(worker, &[Bytes::from_static(b"default")]).await;
     let loads = thread_loads(worker).await;
     let now = unix_ms();
     let per_thread = broadcast(worker, move |w| {
@@ -168,7 +171,11 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
         (clients, slow, seconds)
     })
     .await;
-    let processes = sidekiq_processes(worker).await;
+    let processes = if allowed(b"processes") {
+        sidekiq_processes(worker).await
+    } else {
+        Vec::new()
+    };
     let mut out = String::with_capacity(32 * 1024);
     let _ = write!(
         out,
@@ -234,6 +241,9 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
             e.0 += n as u64;
             e.1 = e.1.max(mem);
         }
+        if !shown.clients {
+            continue;
+        }
         for c in clients {
             if !first {
                 out.push(',');
@@ -241,7 +251,9 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
             first = false;
             string(&mut out, c.as_bytes());
         }
-        slow.extend(s);
+        if shown.slowlog {
+            slow.extend(s);
+        }
     }
     out.push_str("],\"seconds\":[");
     for (i, (t, (n, mem))) in seconds.iter().enumerate() {
@@ -251,7 +263,11 @@ pub async fn state(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> Stri
         let _ = write!(out, "[{t},{n},{mem}]");
     }
     out.push_str("],\"sidekiq_processes\":[");
-    for (i, (identity, fields)) in processes.iter().enumerate() {
+    for (i, (identity, fields)) in processes
+        .iter()
+        .filter(|(identity, _)| allowed(identity))
+        .enumerate()
+    {
         if i > 0 {
             out.push(',');
         }

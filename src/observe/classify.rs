@@ -211,6 +211,14 @@ pub const GLOBAL_STATES: &[(Framework, &str, &[u8])] = &[
     (Framework::Celery, "unacked", b"unacked"),
 ];
 
+/// The key holding a framework-wide state.
+pub fn global_key(framework: Framework, state: &str) -> &'static [u8] {
+    GLOBAL_STATES
+        .iter()
+        .find(|(f, s, _)| *f == framework && *s == state)
+        .map_or(b"", |(_, _, k)| k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

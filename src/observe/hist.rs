@@ -19,7 +19,8 @@ impl Hist {
     pub fn record_ms(&mut self, ms: u64) {
         let i = BOUNDS_MS.partition_point(|&b| b < ms);
         self.counts[i] += 1;
-        self.sum_ms += ms;
+        // A stream entry's ID time is the client's to choose: a wait can be huge.
+        self.sum_ms = self.sum_ms.saturating_add(ms);
         self.count += 1;
     }
 
@@ -27,7 +28,7 @@ impl Hist {
         for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
             *a += b;
         }
-        self.sum_ms += other.sum_ms;
+        self.sum_ms = self.sum_ms.saturating_add(other.sum_ms);
         self.count += other.count;
     }
 

@@ -24,8 +24,11 @@ pub const DASHBOARD_HTML: &str = include_str!("dashboard.html");
 
 /// Seconds of history kept per queue.
 pub const HISTORY_SECS: usize = 300;
-/// A queue whose key has been gone this long is forgotten.
+/// A queue whose key has been gone this long (with nobody blocked on it) is forgotten;
+/// sooner once the table is nine tenths full, so keys popped once do not crowd out the
+/// queues that are used.
 const FORGET_AFTER_MS: u64 = 10 * 60 * 1000;
+const FORGET_WHEN_FULL_MS: u64 = 60 * 1000;
 
 /// Applies `queue-tracking` and this thread's share of `queue-tracking-max-queues` to
 /// the thread's table.
@@ -130,6 +133,7 @@ pub struct QueueTable {
     slab: Vec<Slot>,
     index: Vec<HashMap<Box<[u8]>, u32>>,
     last: Option<u32>,
+    scratch: Vec<u8>,
     /// Times a key would have become a queue but the table was full.
     pub overflow: u64,
 }
@@ -247,23 +251,23 @@ impl QueueTable {
         } else {
             Framework::Bull
         };
-        let mut wait = stem.to_vec();
+        // Every BullMQ add and completion writes such a key: no allocation per call.
+        let mut wait = std::mem::take(&mut self.scratch);
+        wait.clear();
+        wait.extend_from_slice(stem);
         wait.extend_from_slice(waiting_suffix(framework));
-        let known = self.get_mut(db, &wait).is_some();
-        if !known {
-            let class = Class {
-                framework,
-                role: Role::Waiting,
-                row_len: c.stem_len,
-                stem_len: c.stem_len,
-            };
-            self.insert(db, &wait, class, now_ms);
-        }
-        if c.framework == Framework::Bullmq {
-            if let Some(e) = self.get_mut(db, &wait) {
+        let class = Class {
+            framework,
+            role: Role::Waiting,
+            row_len: c.stem_len,
+            stem_len: c.stem_len,
+        };
+        if let Some(e) = self.insert(db, &wait, class, now_ms) {
+            if c.framework == Framework::Bullmq {
                 e.framework = Framework::Bullmq;
             }
         }
+        self.scratch = wait;
     }
 
     /// `n` elements were pushed to `key` (at the head when `front`).
@@ -334,16 +338,21 @@ impl QueueTable {
     }
 
     /// Once a second: records each queue's second, and forgets queues long gone.
-    /// `depth` gives a key's length, None when it does not exist.
+    /// `depth` gives a key's length, None when it does not exist and nobody waits on it.
     pub fn sample(&mut self, now_ms: u64, mut depth: impl FnMut(usize, &[u8]) -> Option<u64>) {
         let unix_s = (now_ms / 1000) as u32;
         let before = self.slab.len();
+        let forget_after = if self.slab.len() * 10 >= self.cap * 9 {
+            FORGET_WHEN_FULL_MS
+        } else {
+            FORGET_AFTER_MS
+        };
         self.slab.retain_mut(|slot| {
             let e = &mut slot.entry;
             let d = depth(slot.db, &slot.key);
             if d.is_some() {
                 e.last_active_ms = e.last_active_ms.max(now_ms);
-            } else if now_ms.saturating_sub(e.last_active_ms) > FORGET_AFTER_MS {
+            } else if now_ms.saturating_sub(e.last_active_ms) > forget_after {
                 return false;
             }
             if e.history.len() >= HISTORY_SECS {

@@ -82,9 +82,15 @@ pub fn info_fields(info: &str) -> Vec<(&str, &str)> {
 
 fn queue_metrics(s: &mut String, snap: &Snapshot, allowed: &dyn Fn(&[u8]) -> bool) {
     let rows: Vec<_> = snap.rows.iter().filter(|r| allowed(&r.key)).collect();
+    // A queue's name is unique within its database: other databases than 0 add a label.
     let labels = |r: &super::report::Row| {
+        let db = if r.db == 0 {
+            String::new()
+        } else {
+            format!(",db=\"{}\"", r.db)
+        };
         format!(
-            "queue=\"{}\",framework=\"{}\"",
+            "queue=\"{}\",framework=\"{}\"{db}",
             label(&r.name),
             r.framework.name()
         )
@@ -166,17 +172,17 @@ fn queue_metrics(s: &mut String, snap: &Snapshot, allowed: &dyn Fn(&[u8]) -> boo
             let _ = writeln!(s, "kite_queue_jobs{{{},state=\"{state}\"}} {n}", labels(r));
         }
     }
-    for (f, _db, states) in &snap.globals {
+    for (f, db, states) in &snap.globals {
+        let db = if *db == 0 {
+            String::new()
+        } else {
+            format!(",db=\"{db}\"")
+        };
         for (state, n) in states {
-            let key = super::classify::GLOBAL_STATES
-                .iter()
-                .find(|(gf, st, _)| gf == f && st == state)
-                .map(|(_, _, k)| *k)
-                .unwrap_or(b"");
-            if allowed(key) {
+            if allowed(super::classify::global_key(*f, state)) {
                 let _ = writeln!(
                     s,
-                    "kite_queue_jobs{{queue=\"\",framework=\"{}\",state=\"{state}\"}} {n}",
+                    "kite_queue_jobs{{queue=\"\",framework=\"{}\"{db},state=\"{state}\"}} {n}",
                     f.name()
                 );
             }

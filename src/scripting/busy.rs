@@ -94,11 +94,29 @@ pub fn serve(worker: &Rc<Worker>) {
         if input.len() == before {
             continue;
         }
+        // A new connection's first line may be an HTTP request: the connection loop
+        // answers it once the script is over.
+        if !handle.resp_confirmed.get()
+            && crate::net::http::sniff(&input) != crate::net::http::Sniff::Resp
+        {
+            handle.hook_touched.set(true);
+            handle.wake.notify_one();
+            continue;
+        }
         let mut out = std::mem::take(&mut *handle.hook_out.borrow_mut());
         let pending_before = !out.is_empty();
         let mut replies = Vec::new();
-        answer(worker, &mut input, &mut replies);
+        let attack = answer(worker, &mut input, &mut replies);
         drop(input);
+        if attack {
+            // POST or Host: (cross-protocol scripting): closed at once, unanswered, as
+            // the connection loop would; the loop lets go of it after the script.
+            // SAFETY: shutdown on this connection's own open descriptor; it stays open
+            // (and owned by the connection) until the loop closes it.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            handle.kill();
+            continue;
+        }
         // Output already waiting goes first, so nothing is sent out of order.
         if pending_before {
             out.extend_from_slice(&replies);
@@ -211,7 +229,9 @@ fn send_some(fd: i32, out: Vec<u8>) -> Vec<u8> {
 }
 
 /// Answers every whole request in `input`, leaving an unfinished one there.
-fn answer(worker: &Rc<Worker>, input: &mut BytesMut, out: &mut Vec<u8>) {
+/// Answers the whole requests in `input`; true when one was `POST` or `Host:` (the
+/// connection must close, unanswered).
+fn answer(worker: &Rc<Worker>, input: &mut BytesMut, out: &mut Vec<u8>) -> bool {
     let mut parser = RequestParser::default();
     let limits = ParseLimits::default();
     let mut work = input.clone();
@@ -219,6 +239,13 @@ fn answer(worker: &Rc<Worker>, input: &mut BytesMut, out: &mut Vec<u8>) {
     let mut consumed = 0;
     loop {
         match parser.next_command(&mut work, &limits) {
+            Ok(Some(args))
+                if args.first().is_some_and(|n| {
+                    n.eq_ignore_ascii_case(b"post") || n.eq_ignore_ascii_case(b"host:")
+                }) =>
+            {
+                return true;
+            }
             Ok(Some(args)) => {
                 consumed = total - work.len();
                 out.extend_from_slice(&reply_to(worker, &args));
@@ -233,6 +260,7 @@ fn answer(worker: &Rc<Worker>, input: &mut BytesMut, out: &mut Vec<u8>) {
         }
     }
     let _ = input.split_to(consumed);
+    false
 }
 
 fn reply_to(worker: &Rc<Worker>, args: &[bytes::Bytes]) -> Vec<u8> {

@@ -168,6 +168,9 @@ pub struct ClientHandle {
     /// Waiting for a request with nothing buffered: a busy script's hook may answer it
     /// (`scripting::busy`).
     pub idle_read: Cell<bool>,
+    /// The connection's first line was RESP, not an HTTP request line: the hook may
+    /// answer what it reads (an HTTP request waits for the connection loop).
+    pub resp_confirmed: Cell<bool>,
     /// What that hook read but did not answer (an unfinished request), what it could
     /// not send, and whether either holds anything.
     pub hook_in: RefCell<bytes::BytesMut>,
@@ -193,6 +196,7 @@ impl ClientHandle {
             blocked: Cell::new(false),
             unblock: Cell::new(None),
             idle_read: Cell::new(false),
+            resp_confirmed: Cell::new(false),
             hook_in: RefCell::new(bytes::BytesMut::new()),
             hook_out: RefCell::new(Vec::new()),
             hook_touched: Cell::new(false),

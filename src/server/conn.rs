@@ -357,7 +357,10 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         if !first_line_checked {
             match crate::net::http::sniff(rbuf) {
                 crate::net::http::Sniff::Http => return Exit::Http(std::mem::take(rbuf)),
-                crate::net::http::Sniff::Resp => first_line_checked = true,
+                crate::net::http::Sniff::Resp => {
+                    first_line_checked = true;
+                    sess.handle.resp_confirmed.set(true);
+                }
                 crate::net::http::Sniff::NeedMore => {}
             }
         }

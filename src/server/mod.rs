@@ -231,9 +231,11 @@ fn observe_queues(worker: &Rc<Worker>, now: u64, each_second: bool) {
         sh.sample_second(now);
     }
     if each_second && sh.queues.enabled && !sh.queues.is_empty() {
-        let dbs = &sh.dbs;
+        let (dbs, blocking) = (&sh.dbs, &sh.blocking);
+        // An empty queue with consumers blocked on it is alive.
         sh.queues.sample(now, |db, key| {
             crate::observe::report::key_len_in(dbs, db, key, now)
+                .or_else(|| (blocking.live_waiters(db, key) > 0).then_some(0))
         });
     }
 }
