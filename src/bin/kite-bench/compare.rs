@@ -57,7 +57,8 @@ pub struct CompareArgs {
     /// drain: consumer connections per queue.
     #[arg(long, default_value_t = 10)]
     pub drain_consumers: usize,
-    /// brpop-keys: CONSUMERSxKEYS_PER_CALL cases.
+    /// brpop-keys: CONSUMERSxKEYS_PER_CALL cases; a trailing `f` keeps each consumer's key
+    /// set fixed and shuffles it on every call (Sidekiq's pattern), e.g. 1000x234f.
     #[arg(
         long,
         value_delimiter = ',',
@@ -266,6 +267,10 @@ fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -
             )?,
             "brpop-keys" => {
                 for case in &a.brpop {
+                    let (case, fixed_sets) = match case.strip_suffix('f') {
+                        Some(c) => (c, true),
+                        None => (case.as_str(), false),
+                    };
                     let (c, k) = case
                         .split_once('x')
                         .and_then(|(c, k)| Some((c.parse().ok()?, k.parse().ok()?)))
@@ -282,6 +287,7 @@ fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -
                             messages_per_producer: a.brpop_messages,
                             timeout: 1.0,
                             prefix: "brpop:q".into(),
+                            fixed_sets,
                         },
                         each,
                     )?;

@@ -116,6 +116,10 @@ pub struct BrpopKeysArgs {
     /// Key names: this prefix and the key's number.
     #[arg(long, default_value = "brpop:q")]
     pub prefix: String,
+    /// Each consumer keeps one key set and shuffles it on every call (Sidekiq's
+    /// pattern), instead of drawing a new random set each time.
+    #[arg(long)]
+    pub fixed_sets: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -256,6 +260,7 @@ pub fn run_brpop_keys(
                     messages_per_producer: a.messages_per_producer,
                     timeout: a.timeout,
                     prefix: a.prefix.clone(),
+                    fixed_sets: a.fixed_sets,
                 },
             )?;
             each(r);

@@ -188,6 +188,32 @@ pub struct BrpopKeysOpts {
     pub messages_per_producer: u64,
     pub timeout: f64,
     pub prefix: String,
+    /// Each consumer keeps the key set it drew first and only shuffles its order on every
+    /// call, as Sidekiq does with its weighted queues.
+    pub fixed_sets: bool,
+}
+
+/// The next BRPOP of a consumer with a fixed key set: the same `k` keys, shuffled.
+fn brpop_shuffled(
+    out: &mut Vec<u8>,
+    rng: &mut Rng,
+    idx: &mut [u32],
+    k: usize,
+    names: &[Vec<u8>],
+    timeout: &[u8],
+) {
+    for i in (1..k).rev() {
+        let j = rng.below((i + 1) as u64) as usize;
+        idx.swap(i, j);
+    }
+    out.clear();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(k + 2);
+    args.push(b"BRPOP");
+    for &i in &idx[..k] {
+        args.push(&names[i as usize]);
+    }
+    args.push(timeout);
+    resp::encode(out, &args);
 }
 
 /// A BRPOP over `k` distinct random keys out of `keys`.
@@ -246,6 +272,16 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
                     let mut idx: Vec<u32> = (0..names.len() as u32).collect();
                     let mut cmd = Vec::new();
                     brpop_random(&mut cmd, &mut rng, &mut idx, k, &names, &timeout);
+                    if o.fixed_sets {
+                        // Consumer j's set holds key j mod keys: with at least as many
+                        // consumers as keys, every key has one, so every push is taken.
+                        let own = (j % names.len()) as u32;
+                        let at = idx.iter().position(|&i| i == own).expect("a key index");
+                        if at >= k {
+                            idx.swap(0, at);
+                        }
+                        brpop_shuffled(&mut cmd, &mut rng, &mut idx, k, &names, &timeout);
+                    }
                     c.send(&cmd).await?;
                     consumers.push((c, rng, idx));
                 }
@@ -272,6 +308,7 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
                 let names = names.clone();
                 let timeout = timeout.clone();
                 let calls = calls.clone();
+                let fixed_sets = o.fixed_sets;
                 handles.push(tokio::task::spawn_local(async move {
                     let mut cmd = Vec::new();
                     let mut first = true;
@@ -280,7 +317,11 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
                             if ctl.should_stop() {
                                 break;
                             }
-                            brpop_random(&mut cmd, &mut rng, &mut idx, k, &names, &timeout);
+                            if fixed_sets {
+                                brpop_shuffled(&mut cmd, &mut rng, &mut idx, k, &names, &timeout);
+                            } else {
+                                brpop_random(&mut cmd, &mut rng, &mut idx, k, &names, &timeout);
+                            }
                             c.send(&cmd).await?;
                         }
                         first = false;
@@ -325,7 +366,12 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
     })?;
     let mut r = RunResult::new(
         "brpop-keys",
-        format!("brpop-keys C={} k={}", o.consumers, k),
+        format!(
+            "brpop-keys C={} k={}{}",
+            o.consumers,
+            k,
+            if o.fixed_sets { " fixed sets" } else { "" }
+        ),
         "message",
     );
     r.params = vec![
@@ -339,6 +385,7 @@ pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
         ),
         ("brpop_timeout".into(), o.timeout.into()),
         ("client_threads".into(), threads.into()),
+        ("fixed_sets".into(), o.fixed_sets.into()),
     ];
     let mut r = finish(r, t, &ctl, &mut admin, &stats0)?;
     r.extra
