@@ -215,12 +215,61 @@ impl Command {
 
 pub struct CommandTable {
     pub commands: Vec<Command>,
-    by_name: HashMap<&'static str, usize>,
+    by_name: NameIndex,
     /// "client|list" and the like, for CLIENT LIST's `cmd=` field.
     full_names: HashMap<(usize, &'static str), &'static str>,
 }
 
 static TABLE: OnceLock<CommandTable> = OnceLock::new();
+
+/// Command names to table positions: open addressing over a hash of the name's bytes with
+/// ASCII case folded, sized to a quarter full, so a lookup hashes a few bytes and compares
+/// one name (every request does one; a string map with a lower-cased copy and a UTF-8
+/// check cost several times that).
+struct NameIndex {
+    slots: Vec<u16>,
+    mask: usize,
+}
+
+impl NameIndex {
+    fn hash(name: &[u8]) -> usize {
+        let mut h: u32 = 0x811c_9dc5;
+        for &b in name {
+            h = (h ^ (b | 0x20) as u32).wrapping_mul(0x0100_0193);
+        }
+        h as usize
+    }
+
+    fn new(commands: &[Command]) -> NameIndex {
+        let size = (commands.len() * 4).next_power_of_two();
+        let mut slots = vec![u16::MAX; size];
+        let mask = size - 1;
+        for c in commands {
+            let mut i = Self::hash(c.name.as_bytes()) & mask;
+            while slots[i] != u16::MAX {
+                i = (i + 1) & mask;
+            }
+            slots[i] = c.id as u16;
+        }
+        NameIndex { slots, mask }
+    }
+
+    #[inline]
+    fn find<'a>(&self, commands: &'a [Command], name: &[u8]) -> Option<&'a Command> {
+        let mut i = Self::hash(name) & self.mask;
+        loop {
+            let id = self.slots[i];
+            if id == u16::MAX {
+                return None;
+            }
+            let c = &commands[id as usize];
+            if c.name.len() == name.len() && c.name.as_bytes().eq_ignore_ascii_case(name) {
+                return Some(c);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+}
 
 pub fn table() -> &'static CommandTable {
     TABLE.get_or_init(|| {
@@ -228,7 +277,7 @@ pub fn table() -> &'static CommandTable {
         for (i, c) in commands.iter_mut().enumerate() {
             c.id = i;
         }
-        let by_name = commands.iter().map(|c| (c.name, c.id)).collect();
+        let by_name = NameIndex::new(&commands);
         let mut full_names = HashMap::new();
         for c in &commands {
             for (sub, _, _) in c.subcommands {
@@ -246,17 +295,9 @@ pub fn table() -> &'static CommandTable {
 
 impl CommandTable {
     /// Finds a command by name, case-insensitively, without allocating.
-    pub fn lookup(&self, name: &[u8]) -> Option<&'static Command> {
-        let mut buf = [0u8; 32];
-        if name.len() > buf.len() {
-            return None;
-        }
-        for (d, s) in buf.iter_mut().zip(name) {
-            *d = s.to_ascii_lowercase();
-        }
-        let lower = std::str::from_utf8(&buf[..name.len()]).ok()?;
-        let id = *self.by_name.get(lower)?;
-        Some(&table().commands[id])
+    #[inline]
+    pub fn lookup(&'static self, name: &[u8]) -> Option<&'static Command> {
+        self.by_name.find(&self.commands, name)
     }
 
     #[allow(clippy::len_without_is_empty)]
