@@ -396,14 +396,6 @@ fn perform(sh: &mut Shard, db: usize, key: &Bytes, op: &BlockOp, resp3: bool) ->
     }
 }
 
-fn side(left: bool) -> &'static [u8] {
-    if left {
-        b"LEFT"
-    } else {
-        b"RIGHT"
-    }
-}
-
 fn pop_name(left: bool) -> &'static [u8] {
     if left {
         b"LPOP"
@@ -513,7 +505,6 @@ fn land(w: &Rc<Worker>, l: Landing) {
     }
     lists::push_for_waiter(&mut sh, db, &l.dst, l.to_left, &l.value);
     sh.log_effect(db, &[push_name(l.to_left), &l.dst[..], &l.value[..]]);
-    let _ = (side(l.from_left), side(l.to_left));
     out.bulk(&l.value);
     // A client gone by now leaves the element in the destination, as a finished
     // BLMOVE would have.

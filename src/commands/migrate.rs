@@ -110,13 +110,9 @@ pub fn parse(args: &[Bytes]) -> Result<Request, &'static str> {
     })
 }
 
+/// One RESP command, as the AOF writes them.
 fn encode(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
+    crate::persist::aof::effects::encode(out, args);
 }
 
 pub enum Failure {
@@ -310,7 +306,7 @@ pub fn exchange_blocking(
     payload: &[u8],
     replies: usize,
 ) -> Result<Vec<String>, Failure> {
-    use std::io::{BufRead, Write};
+    use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     let addr = (req.host.as_str(), req.port)
         .to_socket_addrs()
@@ -320,22 +316,53 @@ pub fn exchange_blocking(
     let conn =
         std::net::TcpStream::connect_timeout(&addr, req.timeout).map_err(|_| Failure::Connect)?;
     let _ = conn.set_nodelay(true);
-    conn.set_write_timeout(Some(req.timeout))
-        .map_err(|_| Failure::Write)?;
-    conn.set_read_timeout(Some(req.timeout))
-        .map_err(|_| Failure::Read)?;
-    (&conn).write_all(payload).map_err(|_| Failure::Write)?;
-    let mut rd = std::io::BufReader::new(&conn);
+    // Each step has `timeout` in all, however the target drips its bytes: the thread (a
+    // script's) is held at most (1 + replies) × timeout.
+    let left = |deadline: std::time::Instant| {
+        deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    let deadline = std::time::Instant::now() + req.timeout;
+    let mut sent = 0;
+    while sent < payload.len() {
+        let t = left(deadline).ok_or(Failure::Write)?;
+        conn.set_write_timeout(Some(t))
+            .map_err(|_| Failure::Write)?;
+        match (&conn).write(&payload[sent..]) {
+            Ok(0) | Err(_) => return Err(Failure::Write),
+            Ok(n) => sent += n,
+        }
+    }
+    let mut pending: Vec<u8> = Vec::new();
     let mut lines = Vec::with_capacity(replies);
     for _ in 0..replies {
-        let mut line = String::new();
-        if rd.read_line(&mut line).map_err(|_| Failure::Read)? == 0 {
-            return Err(Failure::Read);
+        let deadline = std::time::Instant::now() + req.timeout;
+        loop {
+            if let Some(i) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=i).collect();
+                let text = String::from_utf8_lossy(&line);
+                lines.push(text.trim_end_matches(['\r', '\n']).to_string());
+                break;
+            }
+            // A reply line is a status or an error: a target sending more is not one.
+            if pending.len() > MAX_REPLY_LINE {
+                return Err(Failure::Read);
+            }
+            let t = left(deadline).ok_or(Failure::Read)?;
+            conn.set_read_timeout(Some(t)).map_err(|_| Failure::Read)?;
+            let mut chunk = [0u8; 4096];
+            match (&conn).read(&mut chunk) {
+                Ok(0) | Err(_) => return Err(Failure::Read),
+                Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            }
         }
-        lines.push(line.trim_end_matches(['\r', '\n']).to_string());
     }
     Ok(lines)
 }
+
+/// The longest reply line MIGRATE reads from its target.
+const MAX_REPLY_LINE: usize = 64 * 1024;
 
 /// Key positions: the key argument, or what follows KEYS.
 pub fn migrate_keys(args: &[Bytes]) -> Vec<usize> {

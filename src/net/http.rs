@@ -35,8 +35,9 @@ pub enum Sniff {
 
 /// Whether a connection's first bytes are an HTTP `GET` or `HEAD` request line. A RESP
 /// client's inline `GET key` has no ` HTTP/1.x` at its end, and a RESP array starts with
-/// `*`, so only a real request line is taken for HTTP.
-pub fn sniff(buf: &[u8]) -> Sniff {
+/// `*`, so only a real request line is taken for HTTP. `scanned`: how many bytes an
+/// earlier call already found without a newline (a line dripped in is scanned once).
+pub fn sniff(buf: &[u8], scanned: usize) -> Sniff {
     let method = [b"GET ".as_slice(), b"HEAD ".as_slice()]
         .into_iter()
         .find(|m| buf[..buf.len().min(m.len())] == m[..buf.len().min(m.len())]);
@@ -46,7 +47,12 @@ pub fn sniff(buf: &[u8]) -> Sniff {
     if buf.len() < method.len() {
         return Sniff::NeedMore;
     }
-    let Some(nl) = buf.iter().take(MAX_HEAD).position(|&b| b == b'\n') else {
+    let from = scanned.min(buf.len());
+    let nl = buf[from..buf.len().min(MAX_HEAD)]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| from + i);
+    let Some(nl) = nl else {
         return if buf.len() >= MAX_HEAD {
             Sniff::Resp
         } else {
@@ -397,10 +403,13 @@ pub async fn serve(worker: &Rc<Worker>, stream: &Stream, buf: BytesMut) {
 async fn serve_one(worker: &Rc<Worker>, stream: &Stream, mut buf: BytesMut) {
     // The whole head must arrive within READ_TIMEOUT, however it is dripped in.
     let head = tokio::time::timeout(READ_TIMEOUT, async {
+        // Where the search for the blank line resumes: a head dripped in is scanned once.
+        let mut searched = 0;
         loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                return Some(Some(i));
+            if let Some(i) = buf[searched..].windows(4).position(|w| w == b"\r\n\r\n") {
+                return Some(Some(searched + i));
             }
+            searched = buf.len().saturating_sub(3);
             if buf.len() > MAX_HEAD {
                 return Some(None);
             }
@@ -483,14 +492,19 @@ mod tests {
 
     #[test]
     fn tells_http_from_resp() {
-        assert_eq!(sniff(b"GET /metrics HTTP/1.1\r\nHost: x\r\n"), Sniff::Http);
-        assert_eq!(sniff(b"HEAD / HTTP/1.0\r\n"), Sniff::Http);
-        assert_eq!(sniff(b"GET /metr"), Sniff::NeedMore);
-        assert_eq!(sniff(b"GE"), Sniff::NeedMore);
-        assert_eq!(sniff(b"GET key\r\n"), Sniff::Resp);
-        assert_eq!(sniff(b"*1\r\n$4\r\nPING\r\n"), Sniff::Resp);
-        assert_eq!(sniff(b"PING\r\n"), Sniff::Resp);
-        assert_eq!(sniff(b"GETSET a b\r\n"), Sniff::Resp);
+        assert_eq!(
+            sniff(b"GET /metrics HTTP/1.1\r\nHost: x\r\n", 0),
+            Sniff::Http
+        );
+        assert_eq!(sniff(b"HEAD / HTTP/1.0\r\n", 0), Sniff::Http);
+        assert_eq!(sniff(b"GET /metr", 0), Sniff::NeedMore);
+        assert_eq!(sniff(b"GE", 0), Sniff::NeedMore);
+        assert_eq!(sniff(b"GET key\r\n", 0), Sniff::Resp);
+        assert_eq!(sniff(b"*1\r\n$4\r\nPING\r\n", 0), Sniff::Resp);
+        assert_eq!(sniff(b"PING\r\n", 0), Sniff::Resp);
+        assert_eq!(sniff(b"GETSET a b\r\n", 0), Sniff::Resp);
+        // Resuming after bytes already scanned finds the same line.
+        assert_eq!(sniff(b"GET /metrics HTTP/1.1\r\n", 9), Sniff::Http);
     }
 
     #[test]

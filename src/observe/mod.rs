@@ -181,11 +181,6 @@ impl QueueTable {
         self.index.get(db)?.get(key).copied()
     }
 
-    fn get_mut(&mut self, db: usize, key: &[u8]) -> Option<&mut Entry> {
-        let i = self.find(db, key)?;
-        Some(&mut self.slab[i as usize].entry)
-    }
-
     /// Starts tracking `key` unless the table is full.
     fn insert(&mut self, db: usize, key: &[u8], class: Class, now_ms: u64) -> Option<&mut Entry> {
         if let Some(i) = self.find(db, key) {
@@ -318,15 +313,8 @@ impl QueueTable {
         if !self.enabled {
             return;
         }
-        if let Some(Class {
-            role: Role::Consumer,
-            ..
-        }) = classify(key, &self.prefixes)
-        {
-            let c = classify(key, &self.prefixes).expect("classified above");
-            if self.get_mut(db, key).is_none() {
-                self.insert(db, key, c, now_ms);
-            }
+        if let Some(c) = classify(key, &self.prefixes).filter(|c| c.role == Role::Consumer) {
+            self.insert(db, key, c, now_ms);
             self.discover(db, key, c, now_ms);
             return;
         }

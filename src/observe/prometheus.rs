@@ -193,9 +193,15 @@ fn queue_metrics(s: &mut String, snap: &Snapshot, allowed: &dyn Fn(&[u8]) -> boo
 /// The whole `/metrics` page; `allowed` says which queue keys the reader may see.
 pub async fn render(worker: &Rc<Worker>, allowed: &dyn Fn(&[u8]) -> bool) -> String {
     let snap = gather(worker, false).await;
-    let info =
-        crate::commands::server::info_text(worker, &[bytes::Bytes::from_static(b"everything")])
-            .await;
+    let info = crate::commands::server::info_text(
+        worker,
+        // Not "everything": its queues section would gather the queues a second time.
+        &[
+            bytes::Bytes::from_static(b"default"),
+            bytes::Bytes::from_static(b"commandstats"),
+        ],
+    )
+    .await;
     let loads = thread_loads(worker).await;
     let mut s = String::with_capacity(16 * 1024);
     queue_metrics(&mut s, &snap, allowed);

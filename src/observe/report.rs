@@ -85,17 +85,9 @@ pub struct Snapshot {
     pub globals: Vec<GlobalStates>,
 }
 
-/// The length of whatever `key` holds, and its type; None when missing.
-pub fn key_len(sh: &Shard, db: usize, key: &[u8], now_ms: u64) -> Option<(u64, &'static str)> {
-    key_len_any(&sh.dbs, db, key, now_ms)
-}
-
-/// `key_len` without the type, on a shard's databases.
-pub fn key_len_in(dbs: &[crate::shard::Db], db: usize, key: &[u8], now_ms: u64) -> Option<u64> {
-    key_len_any(dbs, db, key, now_ms).map(|(n, _)| n)
-}
-
-fn key_len_any(
+/// The length of whatever `key` holds in a shard's databases, and its type (TYPE's
+/// name); None when missing.
+pub fn key_len(
     dbs: &[crate::shard::Db],
     db: usize,
     key: &[u8],
@@ -105,14 +97,15 @@ fn key_len_any(
     if e.is_expired(now_ms) {
         return None;
     }
-    Some(match &e.value {
-        Value::List(l) => (l.len() as u64, "list"),
-        Value::ZSet(z) => (z.len() as u64, "zset"),
-        Value::Set(s) => (s.len() as u64, "set"),
-        Value::Hash(h) => (h.len() as u64, "hash"),
-        Value::Stream(s) => (s.log.len(), "stream"),
-        Value::Str(_) => (1, "string"),
-    })
+    let n = match &e.value {
+        Value::List(l) => l.len() as u64,
+        Value::ZSet(z) => z.len() as u64,
+        Value::Set(s) => s.len() as u64,
+        Value::Hash(h) => h.len() as u64,
+        Value::Stream(s) => s.log.len(),
+        Value::Str(_) => 1,
+    };
+    Some((n, e.value.type_name()))
 }
 
 fn oldest_push_ms(sh: &Shard, db: usize, key: &[u8]) -> Option<u64> {
@@ -130,7 +123,7 @@ fn shard_entries(w: &Rc<Worker>, with_history: bool) -> (Vec<EntryReport>, usize
     let entries = q
         .entries()
         .map(|(db, key, e)| {
-            let (depth, kind) = key_len(&sh, db, key, now).unwrap_or((0, "list"));
+            let (depth, kind) = key_len(&sh.dbs, db, key, now).unwrap_or((0, "list"));
             EntryReport {
                 db,
                 key: key.to_vec(),
@@ -309,7 +302,7 @@ async fn key_lengths(
         let now = unix_ms();
         shared_keys
             .iter()
-            .map(|(db, k)| key_len(&sh, *db, k, now).map_or(0, |(n, _)| n))
+            .map(|(db, k)| key_len(&sh.dbs, *db, k, now).map_or(0, |(n, _)| n))
             .collect::<Vec<u64>>()
     })
     .await;

@@ -97,7 +97,7 @@ pub fn serve(worker: &Rc<Worker>) {
         // A new connection's first line may be an HTTP request: the connection loop
         // answers it once the script is over.
         if !handle.resp_confirmed.get()
-            && crate::net::http::sniff(&input) != crate::net::http::Sniff::Resp
+            && crate::net::http::sniff(&input, 0) != crate::net::http::Sniff::Resp
         {
             handle.hook_touched.set(true);
             handle.wake.notify_one();

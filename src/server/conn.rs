@@ -350,18 +350,19 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
     // Until a connection's first line is known not to be an HTTP request line, nothing
     // is parsed as RESP (only connections starting with "G" or "H" wait for it).
     let mut first_line_checked = false;
+    let mut sniffed = 0;
     loop {
         if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
             return Exit::Closed;
         }
         if !first_line_checked {
-            match crate::net::http::sniff(rbuf) {
+            match crate::net::http::sniff(rbuf, sniffed) {
                 crate::net::http::Sniff::Http => return Exit::Http(std::mem::take(rbuf)),
                 crate::net::http::Sniff::Resp => {
                     first_line_checked = true;
                     sess.handle.resp_confirmed.set(true);
                 }
-                crate::net::http::Sniff::NeedMore => {}
+                crate::net::http::Sniff::NeedMore => sniffed = rbuf.len(),
             }
         }
         // A tracking client chose this connection as its redirect target.

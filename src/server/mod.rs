@@ -234,7 +234,8 @@ fn observe_queues(worker: &Rc<Worker>, now: u64, each_second: bool) {
         let (dbs, blocking) = (&sh.dbs, &sh.blocking);
         // An empty queue with consumers blocked on it is alive.
         sh.queues.sample(now, |db, key| {
-            crate::observe::report::key_len_in(dbs, db, key, now)
+            crate::observe::report::key_len(dbs, db, key, now)
+                .map(|(n, _)| n)
                 .or_else(|| (blocking.live_waiters(db, key) > 0).then_some(0))
         });
     }

@@ -161,15 +161,7 @@ impl Shard {
             let random = matches!(policy, Policy::AllkeysRandom | Policy::VolatileRandom);
             let draws = if random { 1 } else { samples };
             for _ in 0..draws {
-                let rng = &self.rng;
-                let rand = || {
-                    let mut x = rng.get();
-                    x ^= x >> 12;
-                    x ^= x << 25;
-                    x ^= x >> 27;
-                    rng.set(x);
-                    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-                };
+                let rand = || self.random();
                 let table = &self.dbs[db].table;
                 let e = if policy.volatile() {
                     table.random_volatile_entry(rand)

@@ -122,11 +122,20 @@ impl Table {
         self.items += 1;
         if max > 0 {
             let share = max.div_ceil(nshards.max(1));
-            while self.keys.len() > share {
-                let Some(victim) = self.keys.keys().find(|k| &k[..] != key).cloned() else {
-                    break;
-                };
-                self.invalidate_entries(&victim, None);
+            // Victims are picked in one walk: a limit lowered under a large table costs
+            // one pass, not one walk from the table's start per victim.
+            let excess = self.keys.len().saturating_sub(share);
+            if excess > 0 {
+                let victims: Vec<Bytes> = self
+                    .keys
+                    .keys()
+                    .filter(|k| &k[..] != key)
+                    .take(excess)
+                    .cloned()
+                    .collect();
+                for victim in victims {
+                    self.invalidate_entries(&victim, None);
+                }
             }
         }
     }
@@ -210,22 +219,20 @@ impl Table {
             let key = p.key.expect("key invalidations only here");
             // Default mode tells each key in a message of its own, as Redis does; BCAST
             // gathers what the command changed, in key order (Redis's radix tree).
-            match group
-                .1
-                .iter_mut()
-                .find(|c| p.bcast.is_some() && c.0 == p.id && c.1 == p.bcast)
-            {
-                Some(c) => {
-                    if !c.2.contains(&key) {
-                        c.2.push(key)
-                    }
-                }
+            // (Duplicates within a BCAST message go after sorting, below: no scan per key.)
+            let found = match p.bcast {
+                None => None,
+                Some(_) => group.1.iter_mut().find(|c| c.0 == p.id && c.1 == p.bcast),
+            };
+            match found {
+                Some(c) => c.2.push(key),
                 None => group.1.push((p.id, p.bcast, vec![key])),
             }
         }
         for (_, list) in &mut by_thread {
             for c in list.iter_mut().filter(|c| c.1.is_some()) {
                 c.2.sort();
+                c.2.dedup();
             }
         }
         for (thread, list) in by_thread {
