@@ -26,7 +26,7 @@ use crate::commands::{lists, zsets};
 use crate::protocol::reply::Reply;
 use crate::server::io;
 use crate::server::session::Session;
-use crate::shard::{hop, Shard, Worker};
+use crate::shard::{hop, hop_send, Shard, Worker};
 use crate::types::value::WRONGTYPE;
 
 /// What a key holds for a waiter.
@@ -42,6 +42,9 @@ pub enum Data {
 /// takes, and how long it waits (None: for ever).
 pub struct BlockCall {
     pub keys: Vec<Bytes>,
+    /// Set when the keys are these arguments, in order, and `keys` is left empty: a
+    /// BRPOP over hundreds of keys does not copy each one.
+    pub keys_at: Option<std::ops::Range<usize>>,
     pub op: BlockOp,
     pub timeout: Option<Duration>,
 }
@@ -110,8 +113,6 @@ pub struct Waiter {
     pub op: Arc<BlockOp>,
     pub resp3: bool,
     pub deliver: mpsc::UnboundedSender<Delivery>,
-    /// This call's keys on this shard, to drop its other registrations once served.
-    pub keys_here: Vec<Bytes>,
 }
 
 /// A (database, key) a client waits on. Looked up by `(usize, &[u8])` without copying
@@ -128,12 +129,78 @@ impl hashbrown::Equivalent<WaitKey> for (usize, &[u8]) {
     }
 }
 
+/// An unordered set of keys, as a wait group knows it: two sums of keyed hashes of its
+/// keys (so the order they are named in does not matter) and their count. Two sets with
+/// equal fingerprints are taken to be the same set: with seeds drawn at start-up, two
+/// different sets collide with probability about 2^-128.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+pub struct SetPrint {
+    a: u64,
+    b: u64,
+    n: u32,
+}
+
+impl SetPrint {
+    pub fn add(&mut self, key: &[u8]) {
+        use std::hash::BuildHasher;
+        static SEEDS: std::sync::OnceLock<(
+            hashbrown::DefaultHashBuilder,
+            hashbrown::DefaultHashBuilder,
+        )> = std::sync::OnceLock::new();
+        let (sa, sb) = SEEDS.get_or_init(Default::default);
+        self.a = self.a.wrapping_add(sa.hash_one(key));
+        self.b = self.b.wrapping_add(sb.hash_one(key));
+        self.n += 1;
+    }
+}
+
+type SlotId = u32;
+
+/// A waited key: its registrations in blocking order, and what the wait groups know of
+/// it.
+struct KeySlot {
+    db: usize,
+    key: Bytes,
+    queue: VecDeque<Rc<Waiter>>,
+    /// Wait groups naming this key; the slot lives while one does or a registration sits
+    /// in its queue.
+    groups: u32,
+    /// The key may hold something: raised by every write that can give it elements
+    /// (`mark_ready`), lowered when a blocking call finds it does not exist.
+    hint: bool,
+}
+
+/// What a shard remembers of one unordered key set blocked on before: the slots of its
+/// keys, so a call that blocks on the same set again registers without a lookup per key.
+struct Group {
+    db: usize,
+    print: SetPrint,
+    slots: Rc<[SlotId]>,
+    /// Used since the eviction hand last passed (a clock, approximating LRU).
+    used: bool,
+    /// When queue metrics last heard of these keys being blocked on.
+    observed_ms: u64,
+}
+
+/// Groups a shard keeps; past this, the least recently used give way.
+const MAX_GROUPS: usize = 4096;
+/// How often a known group's keys are reported to queue metrics as blocked on.
+const OBSERVE_EVERY_MS: u64 = 1000;
+
 /// Registrations are removed lazily: a served, timed-out or departed call leaves its
 /// entries behind, they are skipped (and dropped) when met at the front of a queue, and
 /// a periodic compaction bounds the dead ones. So serving a call costs the same however
-/// many keys it waited on, and a call that blocks on k keys pays k insertions only.
+/// many keys it waited on. Registering costs one push per key: the call's wait group
+/// (found by the set's fingerprint) already knows the keys' slots.
 pub struct BlockTable {
-    waiting: HashMap<WaitKey, VecDeque<Rc<Waiter>>>,
+    index: HashMap<WaitKey, SlotId>,
+    slots: Vec<Option<KeySlot>>,
+    free_slots: Vec<SlotId>,
+    groups: HashMap<(usize, SetPrint), usize>,
+    group_slab: Vec<Option<Group>>,
+    free_groups: Vec<usize>,
+    /// The clock hand of group eviction.
+    hand: usize,
     /// Keys with waiters that gained elements, served when the current command ends.
     ready: Vec<(usize, Bytes)>,
     /// Registrations held in the queues, live or dead, and the count that triggers the
@@ -147,7 +214,13 @@ const MIN_COMPACT_AT: usize = 4096;
 impl Default for BlockTable {
     fn default() -> Self {
         BlockTable {
-            waiting: HashMap::new(),
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            groups: HashMap::new(),
+            group_slab: Vec::new(),
+            free_groups: Vec::new(),
+            hand: 0,
             ready: Vec::new(),
             entries: 0,
             compact_at: MIN_COMPACT_AT,
@@ -158,12 +231,28 @@ impl Default for BlockTable {
 impl BlockTable {
     #[inline]
     pub fn is_waited(&self, db: usize, key: &[u8]) -> bool {
-        !self.waiting.is_empty() && self.waiting.contains_key(&(db, key))
+        !self.index.is_empty() && self.index.contains_key(&(db, key))
+    }
+
+    fn slot(&self, id: SlotId) -> &KeySlot {
+        self.slots[id as usize].as_ref().expect("live slot")
+    }
+
+    fn slot_mut(&mut self, id: SlotId) -> &mut KeySlot {
+        self.slots[id as usize].as_mut().expect("live slot")
     }
 
     pub fn mark_ready(&mut self, db: usize, key: &[u8]) {
-        if self.is_waited(db, key) && !self.ready.iter().any(|(d, k)| *d == db && k == key) {
-            self.ready.push((db, Bytes::copy_from_slice(key)));
+        if self.index.is_empty() {
+            return;
+        }
+        let Some(&id) = self.index.get(&(db, key)) else {
+            return;
+        };
+        let slot = self.slots[id as usize].as_mut().expect("live slot");
+        slot.hint = true;
+        if !slot.queue.is_empty() && !self.ready.iter().any(|(d, k)| *d == db && k == key) {
+            self.ready.push((db, slot.key.clone()));
         }
     }
 
@@ -171,10 +260,11 @@ impl BlockTable {
     /// went away must hear about it).
     pub fn mark_db_ready(&mut self, db: usize) {
         let keys: Vec<Bytes> = self
-            .waiting
-            .keys()
-            .filter(|k| k.db == db)
-            .map(|k| k.key.clone())
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.db == db)
+            .map(|s| s.key.clone())
             .collect();
         for k in keys {
             self.mark_ready(db, &k);
@@ -187,8 +277,10 @@ impl BlockTable {
 
     /// Clients blocked on `key` now (queue metrics' consumers).
     pub fn live_waiters(&self, db: usize, key: &[u8]) -> usize {
-        self.waiting.get(&(db, key)).map_or(0, |q| {
-            q.iter()
+        self.index.get(&(db, key)).map_or(0, |&id| {
+            self.slot(id)
+                .queue
+                .iter()
                 .filter(|w| !w.claim.load(Ordering::Acquire))
                 .count()
         })
@@ -196,23 +288,127 @@ impl BlockTable {
 
     /// Keys some client is blocked on (INFO's total_blocking_keys).
     pub fn keys_count(&self) -> usize {
-        self.waiting
-            .values()
-            .filter(|q| q.iter().any(|w| !w.claim.load(Ordering::Acquire)))
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| s.queue.iter().any(|w| !w.claim.load(Ordering::Acquire)))
             .count()
     }
 
-    fn add(&mut self, w: Rc<Waiter>) {
-        for k in &w.keys_here {
-            self.waiting
-                .entry(WaitKey {
-                    db: w.db,
-                    key: k.clone(),
-                })
-                .or_default()
-                .push_back(w.clone());
+    /// The slot of `(db, key)`, made if the key was not waited on. A new slot's hint is
+    /// raised: nothing is known of the key yet.
+    fn slot_for(&mut self, db: usize, key: &[u8]) -> SlotId {
+        if let Some(&id) = self.index.get(&(db, key)) {
+            return id;
         }
-        self.entries += w.keys_here.len();
+        let key = Bytes::copy_from_slice(key);
+        let slot = KeySlot {
+            db,
+            key: key.clone(),
+            queue: VecDeque::new(),
+            groups: 0,
+            hint: true,
+        };
+        let id = match self.free_slots.pop() {
+            Some(id) => {
+                self.slots[id as usize] = Some(slot);
+                id
+            }
+            None => {
+                self.slots.push(Some(slot));
+                (self.slots.len() - 1) as SlotId
+            }
+        };
+        self.index.insert(WaitKey { db, key }, id);
+        id
+    }
+
+    /// Drops a slot nothing holds any more.
+    fn release_slot_if_unused(&mut self, id: SlotId) {
+        let slot = self.slot(id);
+        if slot.groups > 0 || !slot.queue.is_empty() {
+            return;
+        }
+        let slot = self.slots[id as usize].take().expect("live slot");
+        self.index.remove(&(slot.db, &slot.key[..]));
+        self.free_slots.push(id);
+    }
+
+    /// The wait group known by `print`, if this shard still has it.
+    fn known_group(&mut self, db: usize, print: SetPrint) -> Option<usize> {
+        let g = *self.groups.get(&(db, print))?;
+        self.group_slab[g].as_mut().expect("live group").used = true;
+        Some(g)
+    }
+
+    /// The wait group of `keys` (this shard's part of a call, any order) and whether it
+    /// was just made; makes it if new, giving way to the least recently used when full.
+    fn group_for(&mut self, db: usize, print: SetPrint, keys: &KeyList) -> (usize, bool) {
+        if let Some(&g) = self.groups.get(&(db, print)) {
+            self.group_slab[g].as_mut().expect("live group").used = true;
+            return (g, false);
+        }
+        if self.groups.len() >= MAX_GROUPS {
+            self.evict_group();
+        }
+        let slots: Rc<[SlotId]> = keys.iter().map(|k| self.slot_for(db, k)).collect();
+        for &id in slots.iter() {
+            self.slot_mut(id).groups += 1;
+        }
+        let group = Group {
+            db,
+            print,
+            slots,
+            used: true,
+            observed_ms: 0,
+        };
+        let g = match self.free_groups.pop() {
+            Some(g) => {
+                self.group_slab[g] = Some(group);
+                g
+            }
+            None => {
+                self.group_slab.push(Some(group));
+                self.group_slab.len() - 1
+            }
+        };
+        self.groups.insert((db, print), g);
+        (g, true)
+    }
+
+    /// Drops one group not used since the hand last passed it. Its registrations stay in
+    /// their keys' queues: only the shortcut to them goes.
+    fn evict_group(&mut self) {
+        loop {
+            if self.hand >= self.group_slab.len() {
+                self.hand = 0;
+            }
+            let g = self.hand;
+            self.hand += 1;
+            let Some(group) = self.group_slab[g].as_mut() else {
+                continue;
+            };
+            if group.used {
+                group.used = false;
+                continue;
+            }
+            let group = self.group_slab[g].take().expect("live group");
+            self.groups.remove(&(group.db, group.print));
+            self.free_groups.push(g);
+            for &id in group.slots.iter() {
+                self.slot_mut(id).groups -= 1;
+                self.release_slot_if_unused(id);
+            }
+            return;
+        }
+    }
+
+    /// Registers `w` on each of `slots`, in blocking order behind those already there.
+    fn add(&mut self, w: &Rc<Waiter>, slots: &[SlotId]) {
+        for &id in slots {
+            self.slot_mut(id).queue.push_back(w.clone());
+        }
+        self.entries += slots.len();
         if self.entries > self.compact_at {
             self.compact();
         }
@@ -222,27 +418,35 @@ impl BlockTable {
     /// table to twice its live size.
     fn compact(&mut self) {
         let mut live = 0;
-        self.waiting.retain(|_, q| {
-            q.retain(|w| !w.claim.load(Ordering::Acquire));
-            live += q.len();
-            !q.is_empty()
-        });
+        let mut unused = Vec::new();
+        for (id, slot) in self.slots.iter_mut().enumerate() {
+            let Some(slot) = slot else { continue };
+            slot.queue.retain(|w| !w.claim.load(Ordering::Acquire));
+            live += slot.queue.len();
+            if slot.queue.is_empty() && slot.groups == 0 {
+                unused.push(id as SlotId);
+            }
+        }
+        for id in unused {
+            self.release_slot_if_unused(id);
+        }
         self.entries = live;
         self.compact_at = (2 * live).max(MIN_COMPACT_AT);
     }
 
     /// The oldest live waiter on a key, dropping claimed ones on the way.
     fn first_live(&mut self, db: usize, key: &Bytes) -> Option<Rc<Waiter>> {
-        let q = self.waiting.get_mut(&(db, &key[..]))?;
-        while let Some(w) = q.front() {
+        let id = *self.index.get(&(db, &key[..]))?;
+        let slot = self.slots[id as usize].as_mut().expect("live slot");
+        while let Some(w) = slot.queue.front() {
             if w.claim.load(Ordering::Acquire) {
-                q.pop_front();
+                slot.queue.pop_front();
                 self.entries -= 1;
             } else {
                 return Some(w.clone());
             }
         }
-        self.waiting.remove(&(db, &key[..]));
+        self.release_slot_if_unused(id);
         None
     }
 }
@@ -644,10 +848,51 @@ pub fn parse_timeout(arg: &[u8]) -> Result<Option<Duration>, &'static str> {
     Ok(Some(Duration::from_millis(ms.ceil() as u64)))
 }
 
+/// Keys copied end to end into one buffer: a call's part travels to its shard, and is
+/// dropped there, without touching a reference count per key (the argument `Bytes` share
+/// the connection's read buffer, whose count another core would then have to take).
+#[derive(Default, Clone)]
+struct KeyList {
+    bytes: Vec<u8>,
+    ends: Vec<u32>,
+}
+
+impl KeyList {
+    fn push(&mut self, key: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.ends.push(self.bytes.len() as u32);
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        Some(&self.bytes[start..end])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.get(i).expect("in range"))
+    }
+
+    fn of<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> KeyList {
+        let mut list = KeyList::default();
+        for k in keys {
+            list.push(k);
+        }
+        list
+    }
+}
+
 /// The part of a blocked call that lives on one shard.
 struct ShardPart {
     shard: usize,
-    keys: Vec<Bytes>,
+    keys: KeyList,
+    /// Each key's position among the call's arguments.
+    positions: Vec<u32>,
+    print: SetPrint,
 }
 
 /// What trying a blocked call on one shard gave.
@@ -655,64 +900,199 @@ enum Tried {
     Served(Delivery),
     /// A key of the wrong type came first: the call fails at once.
     WrongType,
+    /// Probing: the first of this shard's keys (an index into its part) that holds
+    /// something, or is of the wrong type. Nothing was registered here.
+    Found {
+        index: usize,
+        wrong: bool,
+    },
     /// Registered (or, when not registering, nothing to take).
     Waiting,
+    /// Asked by fingerprint alone, this shard does not know the set or some of its keys
+    /// hold something: ask again with the keys. Nothing was registered here.
+    NeedKeys,
 }
 
-/// Tries `keys` on this shard in order; serves the call at once from the first key that
-/// holds something, else registers a waiter.
-#[allow(clippy::too_many_arguments)]
-fn try_or_register(
-    w: &Rc<Worker>,
+/// What a connection remembers of the key set of its last blocked call: the set's
+/// fingerprint and, per shard, its part's. Placement never changes while Kite runs, so a
+/// call on the same set needs neither each key's shard nor the keys themselves, as long
+/// as each shard still knows its part.
+pub struct LastBlock {
     db: usize,
-    keys: Vec<Bytes>,
+    print: SetPrint,
+    parts: Vec<(usize, SetPrint)>,
+}
+
+/// How a shard treats its part of a blocked call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// All the call's keys are here: serve from the first that holds something, else
+    /// register.
+    ServeOrRegister,
+    /// Other shards hold keys too: report the first key holding something without
+    /// taking it (the call's earliest such key, on whichever shard, is the one to serve),
+    /// else register.
+    ProbeOrRegister,
+    /// Serve from the part's only key if it holds something; never register.
+    ServeOnly,
+}
+
+/// Everything a shard needs to try or register its part of a blocked call.
+struct PartCall {
+    db: usize,
+    keys: KeyList,
+    print: SetPrint,
     op: Arc<BlockOp>,
     resp3: bool,
     claim: Arc<AtomicBool>,
     deliver: mpsc::UnboundedSender<Delivery>,
-    register: bool,
-) -> Tried {
+    mode: Mode,
+}
+
+/// Positions of the keys in `found` (slot keys) among `keys`, first occurrence each.
+fn positions_of(keys: &KeyList, found: &[Bytes]) -> Vec<usize> {
+    if found.len() <= 8 {
+        return found
+            .iter()
+            .map(|f| keys.iter().position(|k| k == &f[..]).unwrap_or(usize::MAX))
+            .collect();
+    }
+    let mut at: hashbrown::HashMap<&[u8], usize> = hashbrown::HashMap::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        at.entry(k).or_insert(i);
+    }
+    found
+        .iter()
+        .map(|f| at.get(&f[..]).copied().unwrap_or(usize::MAX))
+        .collect()
+}
+
+/// Tries a call's part on this shard, as `call.mode` says: serves it at once from the
+/// first key in argument order that holds something, or registers a waiter on every key.
+fn try_or_register(w: &Rc<Worker>, call: PartCall) -> Tried {
+    let PartCall {
+        db,
+        keys,
+        print,
+        op,
+        resp3,
+        claim,
+        deliver,
+        mode,
+    } = call;
     let mut sh = w.shard.borrow_mut();
-    let mut waits_for_lock = false;
-    for key in &keys {
-        match has_data(&mut sh, db, key, &op) {
-            Data::Empty => continue,
-            Data::WrongType => return Tried::WrongType,
-            Data::Ready => {}
-        }
-        // A move across shards is never served here: the serving shard's after-command
-        // pass does it, so the push lands and settles like any other.
-        if blocked_by_locks(&sh, key, &op) || matches!(*op, BlockOp::ListMoveAcross { .. }) {
-            waits_for_lock = true;
-            continue;
-        }
-        if claim
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
+    if mode == Mode::ServeOnly {
+        let key = &Bytes::copy_from_slice(keys.get(0).expect("one key"));
+        if has_data(&mut sh, db, key, &op) != Data::Ready
+            || blocked_by_locks(&sh, key, &op)
+            || matches!(*op, BlockOp::ListMoveAcross { .. })
+            || claim
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
         {
             return Tried::Waiting;
         }
         return Tried::Served(perform(&mut sh, db, key, &op, resp3));
     }
-    if register && !claim.load(Ordering::Acquire) {
-        let waiter = Rc::new(Waiter {
-            claim,
-            db,
-            op,
-            resp3,
-            deliver,
-            keys_here: keys.clone(),
-        });
-        sh.blocking.add(waiter);
-        let now = crate::clock::unix_ms();
-        for key in &keys {
-            sh.queues.blocked(db, key, now);
+    let (g, fresh) = if keys.len() == 0 {
+        match sh.blocking.known_group(db, print) {
+            Some(g) => (g, false),
+            None => return Tried::NeedKeys,
         }
-        if waits_for_lock {
-            // A key already holds something; serve it when its lock goes.
-            for key in &keys {
-                sh.blocking.mark_ready(db, key);
+    } else {
+        sh.blocking.group_for(db, print, &keys)
+    };
+    let slots = sh.blocking.group_slab[g]
+        .as_ref()
+        .expect("live group")
+        .slots
+        .clone();
+    // Only keys written since they were last found missing can hold anything.
+    let hinted: Vec<SlotId> = slots
+        .iter()
+        .copied()
+        .filter(|&id| sh.blocking.slot(id).hint)
+        .collect();
+    let mut found: Vec<(Bytes, Data)> = Vec::new();
+    for id in hinted {
+        let key = sh.blocking.slot(id).key.clone();
+        match has_data(&mut sh, db, &key, &op) {
+            // Lists and sorted sets that hold nothing do not exist; a stream can exist
+            // with nothing new for this reader, so its hint stays.
+            Data::Empty => {
+                if !matches!(*op, BlockOp::XRead { .. }) {
+                    sh.blocking.slot_mut(id).hint = false;
+                }
             }
+            d => found.push((key, d)),
+        }
+    }
+    let mut waits_for_lock = false;
+    if !found.is_empty() && keys.len() == 0 {
+        // Which comes first depends on this call's order of the keys.
+        return Tried::NeedKeys;
+    }
+    if !found.is_empty() {
+        let names: Vec<Bytes> = found.iter().map(|(k, _)| k.clone()).collect();
+        let mut order: Vec<(usize, Data)> = positions_of(&keys, &names)
+            .into_iter()
+            .zip(found.iter().map(|(_, d)| *d))
+            .collect();
+        order.sort_unstable_by_key(|(pos, _)| *pos);
+        for (index, data) in order {
+            let Some(key) = keys.get(index) else { continue };
+            let key = &Bytes::copy_from_slice(key);
+            if data == Data::WrongType {
+                if mode == Mode::ProbeOrRegister {
+                    return Tried::Found { index, wrong: true };
+                }
+                return Tried::WrongType;
+            }
+            // A move across shards is never served here: the serving shard's
+            // after-command pass does it, so the push lands and settles like any other.
+            if blocked_by_locks(&sh, key, &op) || matches!(*op, BlockOp::ListMoveAcross { .. }) {
+                waits_for_lock = true;
+                continue;
+            }
+            if mode == Mode::ProbeOrRegister {
+                return Tried::Found {
+                    index,
+                    wrong: false,
+                };
+            }
+            if claim
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return Tried::Waiting;
+            }
+            return Tried::Served(perform(&mut sh, db, key, &op, resp3));
+        }
+    }
+    if claim.load(Ordering::Acquire) {
+        return Tried::Waiting;
+    }
+    let waiter = Rc::new(Waiter {
+        claim,
+        db,
+        op,
+        resp3,
+        deliver,
+    });
+    sh.blocking.add(&waiter, &slots);
+    let now = crate::clock::unix_ms();
+    let group = sh.blocking.group_slab[g].as_mut().expect("live group");
+    if fresh || now.saturating_sub(group.observed_ms) >= OBSERVE_EVERY_MS {
+        group.observed_ms = now;
+        for &id in slots.iter() {
+            let key = sh.blocking.slot(id).key.clone();
+            sh.queues.blocked(db, &key, now);
+        }
+    }
+    if waits_for_lock {
+        // A key already holds something; serve it when its lock goes.
+        for key in keys.iter() {
+            sh.blocking.mark_ready(db, key);
         }
     }
     Tried::Waiting
@@ -795,17 +1175,21 @@ pub async fn run_stream_read(
 /// Runs a blocking command for a session outside MULTI and writes its reply: served at
 /// once if a key holds something, else after blocking until served, timed out, unblocked
 /// or disconnected.
-pub async fn run_blocking(sess: &mut Session, call: BlockCall) {
+pub async fn run_blocking(sess: &mut Session, call: BlockCall, args: &[Bytes]) {
+    let keys: &[Bytes] = match &call.keys_at {
+        Some(at) => &args[at.clone()],
+        None => &call.keys,
+    };
     let outcome = match &call.op {
         BlockOp::ListMove {
             from_left,
             to_left,
             dst,
-        } if sess.worker.shard_of(dst) != sess.worker.shard_of(&call.keys[0]) => {
+        } if sess.worker.shard_of(dst) != sess.worker.shard_of(&keys[0]) => {
             let (from_left, to_left, dst) = (*from_left, *to_left, dst.clone());
             return move_across_shards(
                 sess,
-                call.keys[0].clone(),
+                keys[0].clone(),
                 dst,
                 from_left,
                 to_left,
@@ -813,7 +1197,7 @@ pub async fn run_blocking(sess: &mut Session, call: BlockCall) {
             )
             .await;
         }
-        _ => block(sess, &call.keys, call.op, call.timeout).await,
+        _ => block(sess, keys, call.op, call.timeout).await,
     };
     write_outcome(sess, outcome);
 }
@@ -879,67 +1263,149 @@ pub async fn block(
     let claim = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::unbounded_channel::<Delivery>();
 
-    // Group the keys by shard in argument order, dropping repeats (a hash set keeps this
-    // linear for calls over hundreds of keys).
-    let mut parts: Vec<ShardPart> = Vec::new();
-    let mut seen: hashbrown::HashSet<&[u8]> = hashbrown::HashSet::with_capacity(keys.len());
+    let call = |keys: KeyList, print: SetPrint, mode: Mode| PartCall {
+        db,
+        keys,
+        print,
+        op: op.clone(),
+        resp3,
+        claim: claim.clone(),
+        deliver: tx.clone(),
+        mode,
+    };
+    let mut whole = SetPrint::default();
     for k in keys {
-        if !seen.insert(&k[..]) {
-            continue;
-        }
-        let s = worker.shard_of(k);
-        match parts.iter_mut().find(|p| p.shard == s) {
-            Some(p) => p.keys.push(k.clone()),
-            None => parts.push(ShardPart {
-                shard: s,
-                keys: vec![k.clone()],
-            }),
-        }
+        whole.add(k);
     }
+    let known = sess
+        .last_block
+        .as_ref()
+        .filter(|l| l.db == db && l.print == whole)
+        .map(|l| l.parts.clone());
 
-    // Keys on several shards: serve from the first key (in argument order) that holds
-    // something, as Redis does, before registering anywhere.
-    if parts.len() > 1 {
-        match serve_first_in_order(&worker, db, keys, &op, resp3, &claim, &tx).await {
-            Tried::Served(d) => return Outcome::Served(d.reply),
-            Tried::WrongType => return Outcome::Error(WRONGTYPE),
-            Tried::Waiting => {}
-        }
-    }
-
-    let mut registered = Vec::new();
-    for part in &parts {
-        let (keys_here, op2, claim2, tx2) =
-            (part.keys.clone(), op.clone(), claim.clone(), tx.clone());
-        let tried = hop(&worker, part.shard, move |w| {
-            let t = try_or_register(w, db, keys_here, op2, resp3, claim2, tx2, true);
-            // A key that already holds something is served by the after-command pass.
-            if w.shard.borrow().blocking.has_ready() {
-                crate::shard::after_command(w);
-                w.shard.borrow_mut().settling.clear();
+    // The same set as last time: ask each shard by its part's fingerprint alone.
+    let mut again: Option<Vec<usize>> = None;
+    if let Some(plan) = &known {
+        let mode = if plan.len() == 1 {
+            Mode::ServeOrRegister
+        } else {
+            Mode::ProbeOrRegister
+        };
+        let asks = plan
+            .iter()
+            .map(|&(shard, print)| (shard, call(KeyList::default(), print, mode)))
+            .collect();
+        let mut need = Vec::new();
+        for ((shard, _), tried) in plan.iter().zip(ask_all(&worker, asks).await) {
+            match tried {
+                Tried::Waiting => {}
+                // Keyless asks neither serve nor fail: they need the keys for that.
+                _ => need.push(*shard),
             }
-            t
+        }
+        if need.is_empty() || claim.load(Ordering::Acquire) {
+            drop(tx);
+            return finish_waiting(sess, &mut rx, &claim, timeout).await;
+        }
+        again = Some(need);
+    }
+
+    // The keys by shard, in argument order, each part with its set's fingerprint. A key
+    // named twice is registered twice, which the claim token makes harmless.
+    let mut parts = split_by_shard(&worker, keys);
+    if known.is_none() {
+        sess.last_block = Some(Box::new(LastBlock {
+            db,
+            print: whole,
+            parts: parts.iter().map(|p| (p.shard, p.print)).collect(),
+        }));
+    }
+    let mode = if parts.len() == 1 {
+        Mode::ServeOrRegister
+    } else {
+        Mode::ProbeOrRegister
+    };
+    // Every shard not yet registered is asked at once.
+    let asked: Vec<usize> = (0..parts.len())
+        .filter(|&i| again.as_ref().is_none_or(|a| a.contains(&parts[i].shard)))
+        .collect();
+    let asks = asked
+        .iter()
+        .map(|&i| {
+            let keys = std::mem::take(&mut parts[i].keys);
+            (parts[i].shard, call(keys, parts[i].print, mode))
         })
-        .await;
-        registered.push(part.shard);
+        .collect();
+    let mut found: Vec<(u32, usize, bool)> = Vec::new();
+    for (&i, tried) in asked.iter().zip(ask_all(&worker, asks).await) {
         match tried {
-            Tried::Served(d) => {
-                return Outcome::Served(d.reply);
-            }
+            Tried::Served(d) => return Outcome::Served(d.reply),
             Tried::WrongType => {
                 claim.store(true, Ordering::Release);
                 return Outcome::Error(WRONGTYPE);
             }
-            Tried::Waiting => {}
+            Tried::Found { index, wrong } => found.push((parts[i].positions[index], i, wrong)),
+            Tried::Waiting | Tried::NeedKeys => {}
         }
-        if claim.load(Ordering::Acquire) {
-            break;
+    }
+
+    // Some keys hold something: serve from the earliest in argument order, as Redis
+    // does. Shards that reported one did not register, so if it is gone by now they
+    // register (or serve what they hold) after all.
+    if let Some(&(pos, _, wrong)) = found.iter().min_by_key(|f| f.0) {
+        if wrong {
+            if claim
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Outcome::Error(WRONGTYPE);
+            }
+        } else {
+            let key = &keys[pos as usize];
+            let c = call(
+                KeyList::of([&key[..]]),
+                SetPrint::default(),
+                Mode::ServeOnly,
+            );
+            let tried = hop(&worker, worker.shard_of(key), move |w| try_part(w, c)).await;
+            if let Tried::Served(d) = tried {
+                return Outcome::Served(d.reply);
+            }
+        }
+        for &(_, i, _) in &found {
+            if claim.load(Ordering::Acquire) {
+                break;
+            }
+            // The part's keys went with the first ask: gather them again.
+            let part_keys = KeyList::of(parts[i].positions.iter().map(|&p| &keys[p as usize][..]));
+            let c = call(part_keys, parts[i].print, Mode::ServeOrRegister);
+            match hop(&worker, parts[i].shard, move |w| try_part(w, c)).await {
+                Tried::Served(d) => return Outcome::Served(d.reply),
+                Tried::WrongType => {
+                    if claim
+                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Outcome::Error(WRONGTYPE);
+                    }
+                }
+                Tried::Found { .. } | Tried::Waiting | Tried::NeedKeys => {}
+            }
         }
     }
     drop(tx);
+    finish_waiting(sess, &mut rx, &claim, timeout).await
+}
 
+/// Waits for a registered call to be served or to end.
+async fn finish_waiting(
+    sess: &mut Session,
+    rx: &mut mpsc::UnboundedReceiver<Delivery>,
+    claim: &Arc<AtomicBool>,
+    timeout: Option<Duration>,
+) -> Outcome {
     let waited = crate::clock::Stopwatch::start();
-    let outcome = wait(sess, &mut rx, &claim, timeout).await;
+    let outcome = wait(sess, rx, claim, timeout).await;
     sess.blocked_us += waited.elapsed_us();
     match outcome {
         Ok(d) => Outcome::Served(d.reply),
@@ -947,48 +1413,64 @@ pub async fn block(
     }
 }
 
-/// Looks for the first key, in argument order, that holds something, and serves the call
-/// from it; a few tries in case another client takes the element first.
-async fn serve_first_in_order(
-    worker: &Rc<Worker>,
-    db: usize,
-    keys: &[Bytes],
-    op: &Arc<BlockOp>,
-    resp3: bool,
-    claim: &Arc<AtomicBool>,
-    tx: &mpsc::UnboundedSender<Delivery>,
-) -> Tried {
-    for _ in 0..3 {
-        let mut first: Option<Bytes> = None;
-        for k in keys {
-            let (key, op2) = (k.clone(), op.clone());
-            let data = hop(worker, worker.shard_of(k), move |w| {
-                has_data(&mut w.shard.borrow_mut(), db, &key, &op2)
-            })
-            .await;
-            match data {
-                Data::Ready => {
-                    first = Some(k.clone());
-                    break;
-                }
-                Data::WrongType => return Tried::WrongType,
-                Data::Empty => {}
+/// A call's keys by shard, in argument order, each part with its set's fingerprint.
+fn split_by_shard(worker: &Rc<Worker>, keys: &[Bytes]) -> Vec<ShardPart> {
+    let mut parts: Vec<ShardPart> = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let s = worker.shard_of(k);
+        let p = match parts.iter().position(|p| p.shard == s) {
+            Some(p) => p,
+            None => {
+                parts.push(ShardPart {
+                    shard: s,
+                    keys: KeyList::default(),
+                    positions: Vec::new(),
+                    print: SetPrint::default(),
+                });
+                parts.len() - 1
             }
-        }
-        let Some(key) = first else {
-            return Tried::Waiting;
         };
-        let (op2, claim2, tx2) = (op.clone(), claim.clone(), tx.clone());
-        let k = key.clone();
-        let tried = hop(worker, worker.shard_of(&key), move |w| {
-            try_or_register(w, db, vec![k], op2, resp3, claim2, tx2, false)
-        })
-        .await;
-        if !matches!(tried, Tried::Waiting) {
-            return tried;
+        let part = &mut parts[p];
+        part.keys.push(k);
+        part.positions.push(i as u32);
+        part.print.add(k);
+    }
+    parts
+}
+
+/// Asks each shard about its part at once (remote ones first, this thread's inline) and
+/// returns their answers in the order asked.
+async fn ask_all(worker: &Rc<Worker>, asks: Vec<(usize, PartCall)>) -> Vec<Tried> {
+    let mut pending = Vec::with_capacity(asks.len());
+    let mut local = None;
+    for (i, (shard, c)) in asks.into_iter().enumerate() {
+        if shard == worker.id {
+            local = Some((i, c));
+            pending.push(None);
+        } else {
+            pending.push(Some(hop_send(worker, shard, move |w| try_part(w, c))));
         }
     }
-    Tried::Waiting
+    let mut here = local.map(|(i, c)| (i, try_part(worker, c)));
+    let mut out = Vec::with_capacity(pending.len());
+    for (i, p) in pending.into_iter().enumerate() {
+        match p {
+            Some(rx) => out.push(rx.await.expect("shard thread stopped")),
+            None => out.push(here.take().filter(|h| h.0 == i).expect("asked here").1),
+        }
+    }
+    out
+}
+
+/// Runs a part of a blocked call on this shard; a key that already held something is
+/// served by the after-command pass.
+fn try_part(w: &Rc<Worker>, call: PartCall) -> Tried {
+    let t = try_or_register(w, call);
+    if w.shard.borrow().blocking.has_ready() {
+        crate::shard::after_command(w);
+        w.shard.borrow_mut().settling.clear();
+    }
+    t
 }
 
 /// Waits for a delivery, the timeout, CLIENT UNBLOCK/KILL or the client leaving.
@@ -1100,7 +1582,7 @@ fn serve_ready_on(worker: &Rc<Worker>, target: usize) {
 mod tests {
     use super::*;
 
-    fn waiter(keys: &[&str]) -> Rc<Waiter> {
+    fn waiter() -> Rc<Waiter> {
         let (tx, _rx) = mpsc::unbounded_channel();
         Rc::new(Waiter {
             claim: Arc::new(AtomicBool::new(false)),
@@ -1108,11 +1590,17 @@ mod tests {
             op: Arc::new(BlockOp::ListPop { left: true }),
             resp3: false,
             deliver: tx,
-            keys_here: keys
-                .iter()
-                .map(|k| Bytes::copy_from_slice(k.as_bytes()))
-                .collect(),
         })
+    }
+
+    fn group(t: &mut BlockTable, keys: &[&str]) -> Rc<[SlotId]> {
+        let keys = KeyList::of(keys.iter().map(|k| k.as_bytes()));
+        let mut print = SetPrint::default();
+        for k in keys.iter() {
+            print.add(k);
+        }
+        let (g, _) = t.group_for(0, print, &keys);
+        t.group_slab[g].as_ref().unwrap().slots.clone()
     }
 
     #[test]
@@ -1120,9 +1608,10 @@ mod tests {
         let mut t = BlockTable::default();
         let keys: Vec<String> = (0..50).map(|i| format!("q{i}")).collect();
         let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        let slots = group(&mut t, &refs);
         for _ in 0..10_000 {
-            let w = waiter(&refs);
-            t.add(w.clone());
+            let w = waiter();
+            t.add(&w, &slots);
             // Served or timed out: the call's token is taken, its entries are dead.
             w.claim.store(true, Ordering::Release);
         }
@@ -1131,11 +1620,50 @@ mod tests {
             "{} entries",
             t.entries
         );
-        let live = waiter(&["q7"]);
-        t.add(live.clone());
+        let live = waiter();
+        let one = group(&mut t, &["q7"]);
+        t.add(&live, &one);
         let first = t.first_live(0, &Bytes::from_static(b"q7")).unwrap();
         assert!(Rc::ptr_eq(&first, &live));
         assert!(t.is_waited(0, b"q7"));
         assert_eq!(t.keys_count(), 1);
+    }
+
+    #[test]
+    fn a_set_is_one_group_in_any_order() {
+        let mut t = BlockTable::default();
+        let a = group(&mut t, &["x", "y", "z"]);
+        let b = group(&mut t, &["z", "x", "y"]);
+        assert!(Rc::ptr_eq(&a, &b));
+        let c = group(&mut t, &["x", "y"]);
+        assert!(!Rc::ptr_eq(&a, &c));
+        assert_eq!(t.groups.len(), 2);
+        // Both groups share the slots of x and y.
+        assert_eq!(t.index.len(), 3);
+    }
+
+    #[test]
+    fn groups_are_bounded_and_their_slots_go_with_them() {
+        let mut t = BlockTable::default();
+        for i in 0..(MAX_GROUPS + 500) {
+            let k = format!("k{i}");
+            group(&mut t, &[&k, "shared"]);
+        }
+        assert_eq!(t.groups.len(), MAX_GROUPS);
+        // Slots of evicted groups without registrations are gone.
+        assert_eq!(t.index.len(), MAX_GROUPS + 1);
+        // A registration keeps its slot past its group's eviction.
+        let w = waiter();
+        let slots = group(&mut t, &["kept"]);
+        t.add(&w, &slots);
+        for i in 0..(2 * MAX_GROUPS) {
+            let k = format!("m{i}");
+            group(&mut t, &[&k]);
+        }
+        assert!(t.is_waited(0, b"kept"));
+        assert!(t.first_live(0, &Bytes::from_static(b"kept")).is_some());
+        w.claim.store(true, Ordering::Release);
+        assert!(t.first_live(0, &Bytes::from_static(b"kept")).is_none());
+        assert!(!t.is_waited(0, b"kept"));
     }
 }

@@ -876,7 +876,8 @@ pub fn bpop_call(args: &[Bytes]) -> Result<Option<BlockCall>, String> {
     let timeout = parse_timeout(&args[args.len() - 1])?;
     let left = eq_ci(&args[0], "blpop");
     Ok(Some(BlockCall {
-        keys: args[1..args.len() - 1].to_vec(),
+        keys: Vec::new(),
+        keys_at: Some(1..args.len() - 1),
         op: BlockOp::ListPop { left },
         timeout,
     }))
@@ -887,6 +888,7 @@ pub fn blmove_call(args: &[Bytes]) -> Result<Option<BlockCall>, String> {
     let (from_left, to_left) = move_sides(args, 3)?;
     Ok(Some(BlockCall {
         keys: vec![args[1].clone()],
+        keys_at: None,
         op: BlockOp::ListMove {
             from_left,
             to_left,
@@ -901,6 +903,7 @@ pub fn blmpop_call(args: &[Bytes]) -> Result<Option<BlockCall>, String> {
     let (keys, left, count) = parse_mpop(args, 2)?;
     Ok(Some(BlockCall {
         keys,
+        keys_at: None,
         op: BlockOp::ListMultiPop { left, count },
         timeout,
     }))

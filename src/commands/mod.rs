@@ -633,7 +633,7 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
 }
 
 /// Runs a validated command outside MULTI.
-pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
+pub async fn run(sess: &mut Session, cmd: &'static Command, mut args: Vec<Bytes>) {
     if let Some(call) = cmd.block {
         // Inside EXEC, and while replaying the AOF, a blocking command runs its
         // non-blocking form: a file must not be able to stop start-up for ever.
@@ -641,12 +641,16 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
             let start = crate::clock::Stopwatch::start();
             let flushed_before = sess.flushed_mid_command;
             let mark = sess.out.buf.len();
-            let kept = args.clone();
             // A first try on one shard runs through exec_here, which counts the call.
             let mut counted = false;
+            // The arguments, for the slow log, when the call consumed them (a stream read
+            // does; the others borrow them, and a copy per key of a long BRPOP would cost).
+            let mut kept = None;
             match call(&args) {
                 Ok(Some(call)) => {
                     if matches!(call.op, crate::blocking::BlockOp::XRead { .. }) {
+                        kept = Some(args.clone());
+                        let args = std::mem::take(&mut args);
                         crate::blocking::run_stream_read(sess, cmd, args, call).await;
                     } else {
                         match served_at_once(sess, cmd, &args).await {
@@ -654,7 +658,7 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
                             Some(false) => counted = true,
                             None => {}
                         }
-                        crate::blocking::run_blocking(sess, call).await;
+                        crate::blocking::run_blocking(sess, call, &args).await;
                     }
                 }
                 Ok(None) => return run_handler(sess, cmd, args).await,
@@ -662,7 +666,7 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, args: Vec<Bytes>) {
             }
             if !counted {
                 let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
-                sess.record_here(cmd, &kept, start, mark);
+                sess.record_here(cmd, kept.as_deref().unwrap_or(&args), start, mark);
             }
             return;
         }

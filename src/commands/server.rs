@@ -410,7 +410,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_wakeups:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
@@ -423,6 +423,8 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
             sum(19),
             sum(20),
             sum(21),
+            mailbox_sum(&worker.shared, |m| &m.messages),
+            mailbox_sum(&worker.shared, |m| &m.wakeups),
         );
     }
     // Sections end with a blank line; the reply ends after the last field.
@@ -1303,4 +1305,17 @@ pub fn feed_monitor_line(
             worker.shared.send(target, Box::new(deliver));
         }
     }
+}
+
+/// A mailbox counter summed over the threads.
+fn mailbox_sum(
+    shared: &crate::shard::Shared,
+    counter: impl Fn(&crate::shard::mailbox::Mailbox) -> &std::sync::atomic::AtomicU64,
+) -> u64 {
+    shared.mailboxes.get().map_or(0, |boxes| {
+        boxes
+            .iter()
+            .map(|m| counter(m).load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    })
 }

@@ -1157,6 +1157,7 @@ fn read_call(args: &[Bytes], group: bool) -> Result<Option<crate::blocking::Bloc
     };
     Ok(Some(crate::blocking::BlockCall {
         keys: req.keys,
+        keys_at: None,
         op: crate::blocking::BlockOp::XRead {
             reads: Vec::new(),
             group: req.group,

@@ -2376,7 +2376,8 @@ cross_handler!(bzmpop_cross, |sess, args, tx| {
 pub fn bzpop_call(args: &[Bytes]) -> Result<Option<crate::blocking::BlockCall>, String> {
     let timeout = crate::blocking::parse_timeout(&args[args.len() - 1])?;
     Ok(Some(crate::blocking::BlockCall {
-        keys: args[1..args.len() - 1].to_vec(),
+        keys: Vec::new(),
+        keys_at: Some(1..args.len() - 1),
         op: crate::blocking::BlockOp::ZPop {
             max: eq_ci(&args[0], "bzpopmax"),
             count: 1,
@@ -2390,6 +2391,7 @@ pub fn bzmpop_call(args: &[Bytes]) -> Result<Option<crate::blocking::BlockCall>,
     let (timeout, a) = bzmpop_args(args)?;
     Ok(Some(crate::blocking::BlockCall {
         keys: a.keys,
+        keys_at: None,
         op: crate::blocking::BlockOp::ZPop {
             max: a.max,
             count: a.count,

@@ -133,28 +133,28 @@ pub fn serve(worker: &Rc<Worker>) {
 /// would had they arrived a moment later; everything else in the mailbox (transaction
 /// steps, broadcasts, EXEC on this shard) waits for the script, in order.
 fn answer_mailbox(worker: &Rc<Worker>) {
-    let Ok(mut mailbox) = worker.mailbox.try_borrow_mut() else {
+    let Ok(mut deferred) = worker.deferred.try_borrow_mut() else {
         return;
     };
-    let Some(rx) = mailbox.as_mut() else {
-        return;
-    };
+    let mut arrived = std::collections::VecDeque::new();
+    worker.mailbox.take_into(&mut arrived);
     let text = crate::commands::scripting::busy_text(&worker.shared);
-    while let Ok(mail) = rx.try_recv() {
+    for mail in arrived {
         match mail {
             Mail::Batch(mut b) if b.atomic.is_none() => {
                 for _ in 0..b.cmds.len() {
                     b.out.error(text);
                 }
-                let _ = b.done.send(BatchResult {
+                let result = BatchResult {
                     out: b.out,
                     events: Vec::new(),
                     aborted: false,
                     rest: Default::default(),
                     settle: Vec::new(),
-                });
+                };
+                worker.shared.answer(b.from, b.done, result);
             }
-            other => worker.deferred.borrow_mut().push_back(other),
+            other => deferred.push_back(other),
         }
     }
 }

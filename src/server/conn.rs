@@ -224,6 +224,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         caching: false,
         forced: Vec::new(),
         blocked_us: 0,
+        last_block: None,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);

@@ -12,9 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use crate::commands;
+use crate::shard::mailbox::Mailbox;
 use crate::shard::{run_batch, unix_ms, Mail, Shard, Shared, Worker};
 
 /// Starts one worker thread per shard and serves `listeners` until the process exits.
@@ -24,14 +23,8 @@ pub fn run(
     http_listeners: Vec<std::net::TcpListener>,
 ) -> std::io::Result<()> {
     let n = shared.nshards();
-    let mut senders = Vec::with_capacity(n);
-    let mut receivers = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (tx, rx) = mpsc::unbounded_channel::<Mail>();
-        senders.push(tx);
-        receivers.push(rx);
-    }
-    if shared.mailboxes.set(senders).is_err() {
+    let mailboxes: Vec<Arc<Mailbox>> = (0..n).map(|_| Arc::default()).collect();
+    if shared.mailboxes.set(mailboxes.clone()).is_err() {
         unreachable!("mailboxes are set once");
     }
     crate::persist::aof::writer::start(shared.clone())?;
@@ -63,11 +56,11 @@ pub fn run(
         }
     }
     let mut handles = Vec::with_capacity(n);
-    for (id, rx) in receivers.into_iter().enumerate() {
+    for (id, mailbox) in mailboxes.into_iter().enumerate() {
         let shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name(format!("kite-shard-{id}"))
-            .spawn(move || worker_main(id, shared, rx))?;
+            .spawn(move || worker_main(id, shared, mailbox))?;
         handles.push(handle);
     }
     for (l, tls) in listeners {
@@ -88,9 +81,12 @@ pub fn run(
     Ok(())
 }
 
-fn worker_main(id: usize, shared: Arc<Shared>, mailbox: mpsc::UnboundedReceiver<Mail>) {
+fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
+    crate::shard::set_current_thread(id);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(crate::shard::mailbox::before_park)
+        .on_thread_unpark(crate::shard::mailbox::after_unpark)
         .build()
         .expect("tokio runtime");
     let local = tokio::task::LocalSet::new();
@@ -105,7 +101,7 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: mpsc::UnboundedReceiver<
         )),
         shared,
         clients: RefCell::new(Default::default()),
-        mailbox: RefCell::new(Some(mailbox)),
+        mailbox,
         deferred: RefCell::new(Default::default()),
     });
     local.block_on(&runtime, async move {
@@ -113,29 +109,51 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: mpsc::UnboundedReceiver<
         if worker.id == 0 {
             tokio::task::spawn_local(on_signals(worker.clone()));
         }
+        serve_mailbox(&worker).await
+    });
+}
+
+/// Mail run between yields, so connections on this thread are not starved by a flood of
+/// it (tokio's channel gave the same guarantee through its budget).
+const MAIL_PER_TURN: usize = 128;
+
+/// Runs this thread's mail for ever: everything taken earlier first, then what arrived.
+async fn serve_mailbox(worker: &Rc<Worker>) {
+    loop {
+        let mut ran = 0;
         loop {
-            let deferred = worker.deferred.borrow_mut().pop_front();
-            let mail = match deferred {
-                Some(m) => m,
-                None => {
-                    let next =
-                        std::future::poll_fn(|cx| match worker.mailbox.borrow_mut().as_mut() {
-                            Some(rx) => rx.poll_recv(cx),
-                            None => std::task::Poll::Ready(None),
-                        })
-                        .await;
-                    match next {
-                        Some(m) => m,
-                        None => break,
-                    }
+            let next = {
+                let mut deferred = worker.deferred.borrow_mut();
+                if deferred.is_empty() {
+                    worker.mailbox.take_into(&mut deferred);
                 }
+                deferred.pop_front()
             };
+            let Some(mail) = next else { break };
             match mail {
-                Mail::Run(f) => f(&worker),
-                Mail::Batch(b) => run_batch(&worker, b),
+                Mail::Run(f) => f(worker),
+                Mail::Batch(b) => run_batch(worker, b),
+            }
+            ran += 1;
+            if ran == MAIL_PER_TURN {
+                tokio::task::yield_now().await;
+                ran = 0;
             }
         }
-    });
+        std::future::poll_fn(|cx| {
+            if worker.mailbox.has_mail() || !worker.deferred.borrow().is_empty() {
+                return std::task::Poll::Ready(());
+            }
+            crate::shard::mailbox::waiting(&worker.mailbox, cx.waker());
+            // Mail pushed while the waker was being stored found no waker to call: look
+            // once more now that it is in place.
+            if worker.mailbox.has_mail() {
+                return std::task::Poll::Ready(());
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+    }
 }
 
 /// Accepts connections on a thread of its own and hands them to the shard threads in

@@ -89,6 +89,9 @@ pub struct Session {
     /// Time the running command spent blocked on keys: not execution time (INFO
     /// commandstats and the slow log count only the time a command ran, as Redis 7 does).
     pub blocked_us: u64,
+    /// The key set of this connection's last blocked call, by shard: a consumer that
+    /// blocks on it again (Sidekiq, shuffled) skips placing each key.
+    pub last_block: Option<Box<crate::blocking::LastBlock>>,
 }
 
 impl Session {
@@ -133,6 +136,7 @@ impl Session {
             caching: false,
             forced: Vec::new(),
             blocked_us: 0,
+            last_block: None,
         }
     }
 

@@ -6,6 +6,7 @@
 
 pub mod evict;
 pub mod locks;
+pub mod mailbox;
 pub mod placement;
 pub mod tx;
 pub mod watch;
@@ -19,7 +20,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use hashbrown::HashMap;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::commands::{Command, ExecFn};
 use crate::config::{Config, Tunables};
@@ -31,6 +32,20 @@ use crate::types::value::Value;
 use locks::{LockKeys, LockTable, Waiting};
 use placement::Placement;
 use watch::WatchTable;
+
+thread_local! {
+    static THREAD_SHARD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The shard this thread runs, if it is a shard thread.
+pub fn current_thread() -> Option<usize> {
+    THREAD_SHARD.with(|t| t.get())
+}
+
+/// Marks this thread as shard `id`'s (once, at its start).
+pub fn set_current_thread(id: usize) {
+    THREAD_SHARD.with(|t| t.set(Some(id)));
+}
 
 /// Work sent to another thread: runs there with that thread's worker.
 pub type Msg = Box<dyn FnOnce(&Rc<Worker>) + Send>;
@@ -49,7 +64,7 @@ pub struct Shared {
     pub placement: Placement,
     /// CLIENT TRACKING's server-wide state (counts, BCAST prefixes).
     pub tracking: crate::tracking::Global,
-    pub mailboxes: OnceLock<Vec<mpsc::UnboundedSender<Mail>>>,
+    pub mailboxes: OnceLock<Vec<Arc<mailbox::Mailbox>>>,
     /// The full configuration, read and written only by CONFIG and INFO.
     pub config: Mutex<Config>,
     /// Settings read on hot paths, mirrored from `config` as atomics.
@@ -109,9 +124,27 @@ impl Shared {
     }
 
     pub fn send(&self, target: usize, msg: Msg) {
-        let boxes = self.mailboxes.get().expect("mailboxes set at start-up");
-        // A closed mailbox only happens during shutdown; the work is moot then.
-        let _ = boxes[target].send(Mail::Run(msg));
+        self.mailbox(target).push(Mail::Run(msg));
+    }
+
+    pub fn mailbox(&self, target: usize) -> &Arc<mailbox::Mailbox> {
+        &self.mailboxes.get().expect("mailboxes set at start-up")[target]
+    }
+
+    /// Completes `tx` with `value` on thread `to`, where its receiver waits: through that
+    /// thread's mailbox, so a busy thread is not woken for it (a cross-thread send on the
+    /// channel itself would write to its eventfd every time).
+    pub fn answer<T: Send + 'static>(&self, to: usize, tx: oneshot::Sender<T>, value: T) {
+        if crate::shard::current_thread() == Some(to) {
+            let _ = tx.send(value);
+            return;
+        }
+        self.send(
+            to,
+            Box::new(move |_| {
+                let _ = tx.send(value);
+            }),
+        );
     }
 
     /// A standalone `Shared` for unit tests.
@@ -171,11 +204,11 @@ pub struct Worker {
     pub shared: Arc<Shared>,
     pub shard: RefCell<Shard>,
     pub clients: RefCell<Clients>,
-    /// This thread's mailbox; borrowed only while polled, so a busy script's hook can
-    /// look into it.
-    pub mailbox: RefCell<Option<mpsc::UnboundedReceiver<Mail>>>,
-    /// Mail a busy script's hook took out of the mailbox and left for after the script,
-    /// in arrival order: it runs before anything newer.
+    /// This thread's mailbox (other threads push, this one takes).
+    pub mailbox: Arc<mailbox::Mailbox>,
+    /// Mail taken out of the mailbox and not yet run, in arrival order: the rest of the
+    /// loop's last take, and what a busy script's hook set aside for after the script. It
+    /// runs before anything newer.
     pub deferred: RefCell<VecDeque<Mail>>,
 }
 
@@ -199,15 +232,33 @@ where
     if target == worker.id {
         return f(worker);
     }
-    worker.shard.borrow_mut().stats.hops += 1;
+    hop_send(worker, target, f)
+        .await
+        .expect("shard thread stopped")
+}
+
+/// Sends `f` to run on `target` and returns the receiver of its result at once, so that
+/// several threads can be asked together (on this thread, it runs now).
+pub fn hop_send<R, F>(worker: &Rc<Worker>, target: usize, f: F) -> oneshot::Receiver<R>
+where
+    R: Send + 'static,
+    F: FnOnce(&Rc<Worker>) -> R + Send + 'static,
+{
     let (tx, rx) = oneshot::channel();
+    if target == worker.id {
+        let _ = tx.send(f(worker));
+        return rx;
+    }
+    worker.shard.borrow_mut().stats.hops += 1;
+    let from = worker.id;
     worker.shared.send(
         target,
         Box::new(move |w| {
-            let _ = tx.send(f(w));
+            let r = f(w);
+            w.shared.answer(from, tx, r);
         }),
     );
-    rx.await.expect("shard thread stopped")
+    rx
 }
 
 /// Runs `f` on every shard concurrently and returns the results in shard order.
@@ -225,10 +276,12 @@ where
         }
         let (tx, rx) = oneshot::channel();
         let f = f.clone();
+        let from = worker.id;
         worker.shared.send(
             target,
             Box::new(move |w| {
-                let _ = tx.send(f(w));
+                let r = f(w);
+                w.shared.answer(from, tx, r);
             }),
         );
         pending.push(Some(rx));
@@ -960,6 +1013,9 @@ pub struct Batch {
     /// Sent by a connection of another thread: events go back with the replies.
     pub remote: bool,
     pub events: Vec<KeyEvent>,
+    /// The thread whose connection waits on `done`: the result travels through its
+    /// mailbox (`Shared::answer`).
+    pub from: usize,
     pub done: oneshot::Sender<BatchResult>,
 }
 
@@ -1128,13 +1184,17 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     if let Some(check) = batch.atomic.take() {
         if check.broken(&shard, batch.client_id, unix_ms()) {
             drop(shard);
-            let _ = batch.done.send(BatchResult {
-                out: batch.out,
-                events: Vec::new(),
-                aborted: true,
-                rest: VecDeque::new(),
-                settle: Vec::new(),
-            });
+            worker.shared.answer(
+                batch.from,
+                batch.done,
+                BatchResult {
+                    out: batch.out,
+                    events: Vec::new(),
+                    aborted: true,
+                    rest: VecDeque::new(),
+                    settle: Vec::new(),
+                },
+            );
             return;
         }
     }
@@ -1201,13 +1261,17 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     let sink = batch.remote.then_some(&mut batch.events);
     after_command_into(worker, sink);
     let settle = std::mem::take(&mut worker.shard.borrow_mut().settling);
-    let _ = batch.done.send(BatchResult {
-        out: batch.out,
-        events: batch.events,
-        aborted: false,
-        rest: batch.cmds,
-        settle,
-    });
+    worker.shared.answer(
+        batch.from,
+        batch.done,
+        BatchResult {
+            out: batch.out,
+            events: batch.events,
+            aborted: false,
+            rest: batch.cmds,
+            settle,
+        },
+    );
 }
 
 /// How a batch runs on its shard.
@@ -1239,18 +1303,14 @@ pub async fn run_batch_on(
         atomic: spec.atomic,
         remote: target != worker.id,
         events: Vec::new(),
+        from: worker.id,
         done: tx,
     };
     if target == worker.id {
         run_batch(worker, batch);
     } else {
         worker.shard.borrow_mut().stats.hops += 1;
-        let boxes = worker
-            .shared
-            .mailboxes
-            .get()
-            .expect("mailboxes set at start-up");
-        let _ = boxes[target].send(Mail::Batch(batch));
+        worker.shared.mailbox(target).push(Mail::Batch(batch));
     }
     let result = rx.await.expect("shard thread stopped");
     for (db, event, key) in &result.events {

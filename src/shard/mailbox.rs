@@ -1,0 +1,309 @@
+//! A thread's mailbox: how every other thread reaches it, without a wake-up per message.
+//!
+//! Owns the queue of `Mail` bound for one thread and the rule for waking that thread. It
+//! never runs the mail itself (the thread's loop in `server/` does) and knows nothing of
+//! shards or sockets.
+//!
+//! Senders push onto a lock-free stack (one compare-and-swap each); the owning thread
+//! takes the whole stack with one swap and reverses it, so mail from one sender arrives in
+//! the order it was sent. A thread about to sleep raises its `sleeping` flag and looks at
+//! its queue once more; a sender looks at the flag after pushing and wakes the thread only
+//! if it was raised and the sender is the one that lowers it. So a busy thread is never
+//! woken (it finds its mail before it sleeps), and a sleeping one is woken once however
+//! many messages reach it. Both sides use sequentially consistent operations on the flag
+//! and the queue head: of "sender pushed, then read the flag" and "thread raised the
+//! flag, then read the queue", at least one sees the other.
+//!
+//! tokio still parks the thread (its `on_thread_park` hook calls `before_park`); the wake
+//! is the mailbox future's waker, the only eventfd write left per sleep.
+
+use std::cell::RefCell;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+
+use super::Mail;
+
+struct Node<T> {
+    mail: T,
+    next: *mut Node<T>,
+}
+
+/// Generic over what it carries so its ordering can be tested without a shard thread.
+pub struct Mailbox<T = Mail> {
+    /// Newest first; null when empty.
+    head: AtomicPtr<Node<T>>,
+    sleeping: AtomicBool,
+    /// The owning thread's mailbox future. Locked only to replace it and by the one
+    /// sender that wins a sleeping thread's flag, never per message.
+    waker: Mutex<Option<Waker>>,
+    /// Wake-ups senders had to send (INFO's `kite_mailbox_wakeups`).
+    pub wakeups: AtomicU64,
+    /// Messages pushed (INFO's `kite_mailbox_messages`).
+    pub messages: AtomicU64,
+}
+
+// SAFETY: nodes are reached only through `head`; a node belongs to the stack from its
+// successful push until the single consumer takes the whole stack with a swap, so no two
+// threads touch one node's fields at once. `Mail` is `Send`.
+unsafe impl<T: Send> Send for Mailbox<T> {}
+unsafe impl<T: Send> Sync for Mailbox<T> {}
+
+impl<T> Default for Mailbox<T> {
+    fn default() -> Self {
+        Mailbox {
+            head: AtomicPtr::new(ptr::null_mut()),
+            sleeping: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            wakeups: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<T> Mailbox<T> {
+    /// Queues `mail`; wakes the owning thread only if it is asleep.
+    pub fn push(&self, mail: T) {
+        let node = Box::into_raw(Box::new(Node {
+            mail,
+            next: ptr::null_mut(),
+        }));
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `node` is ours until the exchange below publishes it.
+            unsafe { (*node).next = head };
+            match self
+                .head
+                .compare_exchange_weak(head, node, Ordering::SeqCst, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => head = now,
+            }
+        }
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
+            self.wakeups.fetch_add(1, Ordering::Relaxed);
+            let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+
+    /// Whether anything waits; cheap enough to ask on every pass.
+    pub fn has_mail(&self) -> bool {
+        !self.head.load(Ordering::SeqCst).is_null()
+    }
+
+    /// Takes everything queued, oldest first, onto the end of `into`. Owning thread only.
+    pub fn take_into(&self, into: &mut std::collections::VecDeque<T>) -> usize {
+        let mut node = self.head.swap(ptr::null_mut(), Ordering::SeqCst);
+        let start = into.len();
+        while !node.is_null() {
+            // SAFETY: the swap made this chain ours alone; each node was boxed by `push`.
+            let boxed = unsafe { Box::from_raw(node) };
+            node = boxed.next;
+            into.push_back(boxed.mail);
+        }
+        // Taken newest first: put this batch back in sending order.
+        into.make_contiguous()[start..].reverse();
+        into.len() - start
+    }
+
+    /// Remembers the owning thread's waker (its mailbox future's), if it changed.
+    pub fn set_waker(&self, waker: &Waker) {
+        let mut slot = self.waker.lock().unwrap_or_else(|p| p.into_inner());
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+    }
+}
+
+impl<T> Drop for Mailbox<T> {
+    fn drop(&mut self) {
+        let mut rest = std::collections::VecDeque::new();
+        self.take_into(&mut rest);
+    }
+}
+
+thread_local! {
+    /// This thread's own mailbox and its future's waker, for the park hooks.
+    static OWN: RefCell<Option<(Arc<Mailbox>, Waker)>> = const { RefCell::new(None) };
+}
+
+/// Called by the thread's loop when it finds its mailbox empty and waits on `waker`.
+pub fn waiting(mailbox: &Arc<Mailbox>, waker: &Waker) {
+    OWN.with(|own| {
+        let mut own = own.borrow_mut();
+        if own
+            .as_ref()
+            .is_some_and(|(m, w)| Arc::ptr_eq(m, mailbox) && w.will_wake(waker))
+        {
+            return;
+        }
+        mailbox.set_waker(waker);
+        *own = Some((mailbox.clone(), waker.clone()));
+    });
+}
+
+/// tokio's `on_thread_park`: raise the flag, then look once more. Mail that came in
+/// meanwhile wakes the mailbox future here, on this thread, which costs no system call and
+/// keeps tokio from sleeping.
+pub fn before_park() {
+    OWN.with(|own| {
+        let own = own.borrow();
+        let Some((mailbox, waker)) = own.as_ref() else {
+            return;
+        };
+        mailbox.sleeping.store(true, Ordering::SeqCst);
+        if mailbox.has_mail() && mailbox.sleeping.swap(false, Ordering::SeqCst) {
+            waker.wake_by_ref();
+        }
+    });
+}
+
+/// tokio's `on_thread_unpark`: awake again, so senders need not wake this thread. Mail
+/// sent from now on is found before the next sleep.
+pub fn after_unpark() {
+    OWN.with(|own| {
+        if let Some((mailbox, _)) = own.borrow().as_ref() {
+            mailbox.sleeping.store(false, Ordering::SeqCst);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    #[test]
+    fn each_senders_mail_arrives_in_order_and_none_is_lost() {
+        let mb: Arc<Mailbox<(u32, u32)>> = Arc::new(Mailbox::default());
+        let senders: Vec<_> = (0..4u32)
+            .map(|s| {
+                let mb = mb.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u32 {
+                        mb.push((s, i));
+                    }
+                })
+            })
+            .collect();
+        let mut taken = VecDeque::new();
+        let mut next = [0u32; 4];
+        let mut count = 0;
+        while count < 80_000 {
+            count += mb.take_into(&mut taken);
+            for (s, i) in taken.drain(..) {
+                assert_eq!(i, next[s as usize], "sender {s} out of order");
+                next[s as usize] += 1;
+            }
+        }
+        for s in senders {
+            s.join().unwrap();
+        }
+        assert_eq!(next, [20_000; 4]);
+        assert!(!mb.has_mail());
+    }
+
+    #[test]
+    fn a_sleeping_thread_is_woken_once_and_a_busy_one_never() {
+        struct Count(AtomicU64);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(AtomicU64::new(0)));
+        let waker = Waker::from(count.clone());
+        let mb: Arc<Mailbox> = Arc::new(Mailbox::default());
+        waiting(&mb, &waker);
+        let run = || Mail::Run(Box::new(|_| {}));
+        // Awake: no wake-up however much arrives.
+        for _ in 0..10 {
+            mb.push(run());
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        // Mail already there when it goes to sleep: it wakes itself, on its own thread.
+        before_park();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        after_unpark();
+        let mut taken = VecDeque::new();
+        assert_eq!(mb.take_into(&mut taken), 10);
+        // Asleep on an empty mailbox: the first message wakes it, the rest do not.
+        before_park();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        for _ in 0..10 {
+            mb.push(run());
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(mb.wakeups.load(Ordering::SeqCst), 1);
+        OWN.with(|o| *o.borrow_mut() = None);
+    }
+
+    #[test]
+    fn a_sleeper_is_always_woken_under_contention() {
+        // Many senders against one thread that sleeps whenever its queue looks empty:
+        // every message is taken, and the thread never sleeps with mail waiting.
+        let mb: Arc<Mailbox<u64>> = Arc::new(Mailbox::default());
+        let parked = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        struct Unpark(Arc<(Mutex<bool>, std::sync::Condvar)>);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                *self.0 .0.lock().unwrap() = true;
+                self.0 .1.notify_one();
+            }
+        }
+        mb.set_waker(&Waker::from(Arc::new(Unpark(parked.clone()))));
+        const PER: u64 = 20_000;
+        let senders: Vec<_> = (0..6u64)
+            .map(|_| {
+                let mb = mb.clone();
+                std::thread::spawn(move || {
+                    for i in 0..PER {
+                        mb.push(i);
+                        if i % 64 == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut taken = VecDeque::new();
+        let mut got = 0u64;
+        while got < 6 * PER {
+            got += mb.take_into(&mut taken) as u64;
+            taken.clear();
+            if got == 6 * PER {
+                break;
+            }
+            // Sleep as the loop does: raise the flag, look again, then wait to be woken.
+            mb.sleeping.store(true, Ordering::SeqCst);
+            if mb.has_mail() {
+                mb.sleeping.store(false, Ordering::SeqCst);
+                continue;
+            }
+            let (lock, cv) = &*parked;
+            let mut woken = lock.lock().unwrap();
+            let slept = std::time::Instant::now();
+            while !*woken {
+                woken = cv
+                    .wait_timeout(woken, std::time::Duration::from_millis(100))
+                    .unwrap()
+                    .0;
+                assert!(
+                    *woken || !mb.has_mail() || slept.elapsed().as_secs() < 5,
+                    "asleep with mail waiting: a lost wake-up"
+                );
+            }
+            *woken = false;
+            mb.sleeping.store(false, Ordering::SeqCst);
+        }
+        for s in senders {
+            s.join().unwrap();
+        }
+        assert_eq!(got, 6 * PER);
+    }
+}
