@@ -14,14 +14,18 @@
 //! command that started the chain, and a client blocked in XREAD BLOCK on a replica,
 //! woken by what the master writes.
 //!
+//! And a stress test of the server's own thread wake-ups: 16 clients against
+//! `--threads 8`, requests spanning threads with short idle gaps, every reply checked.
+//!
 //! Facts checked against redis-server 7.0, Redis 7.2 and valkey-server 8.1.
 
 mod common;
 
+use std::collections::{HashMap, VecDeque};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Client, KiteServer, Resp};
+use common::{Client, KiteServer, Resp, Rng};
 
 /// The blocking timeout given to every blocking command (seconds).
 const BLOCK_SECS: &str = "10";
@@ -950,4 +954,172 @@ fn replica_xread_block_threads1() {
 #[test]
 fn replica_xread_block_threads4() {
     replica_xread(4);
+}
+
+// ---------------------------------------------------------------------------
+// Cross-thread requests with idle gaps
+// ---------------------------------------------------------------------------
+
+/// Sends one request and reads its reply (10 s read timeout): a reply that never comes
+/// (a server thread that was not woken) fails with the client, request and command.
+fn gap_request(c: &mut Client, who: usize, sent: &mut usize, cmd: &[String]) -> Resp {
+    c.send(cmd);
+    *sent += 1;
+    c.try_read().unwrap_or_else(|e| {
+        panic!(
+            "client {who}, request {sent}: no reply to `{}`: {e}",
+            cmd.join(" ")
+        )
+    })
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// One client of `cross_thread_requests_with_idle_gaps`: `requests` requests on keys
+/// of its own (spread over the server's threads by their names), checked against its
+/// own model, with a pause of 0 to 2 ms every 1 to 6 requests.
+fn gap_client(c: &mut Client, who: usize, requests: usize) {
+    c.set_timeout(Some(Duration::from_secs(10)));
+    let mut rng = Rng::new(0x6a9_0000 + who as u64);
+    let keys: Vec<String> = (0..32).map(|i| format!("gap:{who}:{i}")).collect();
+    let lists: Vec<String> = (0..3).map(|i| format!("gap:{who}:list{i}")).collect();
+    let mut model: HashMap<String, String> = HashMap::new();
+    let mut queues: HashMap<String, VecDeque<String>> = HashMap::new();
+    let mut sent = 0usize;
+    let mut seq = 0usize;
+    let mut next_pause = rng.range(1, 6) as usize;
+    let expect_mget = |model: &HashMap<String, String>, ks: &[String]| -> Resp {
+        arr(ks
+            .iter()
+            .map(|k| model.get(k).map_or(Resp::NullBulk, |v| bulk(v)))
+            .collect())
+    };
+    while sent < requests {
+        let mut four: Vec<String> = (0..keys.len()).map(|i| keys[i].clone()).collect();
+        rng.shuffle(&mut four);
+        four.truncate(4);
+        match rng.below(4) {
+            0 => {
+                // MSET four keys (usually on four threads), then MGET them in another
+                // order.
+                let mut cmd = strings(&["MSET"]);
+                for k in &four {
+                    let v = format!("{who}-{seq}");
+                    seq += 1;
+                    cmd.push(k.clone());
+                    cmd.push(v.clone());
+                    model.insert(k.clone(), v);
+                }
+                let r = gap_request(c, who, &mut sent, &cmd);
+                assert_eq!(r, Resp::ok(), "client {who}: `{}`", cmd.join(" "));
+                rng.shuffle(&mut four);
+                let mut cmd = strings(&["MGET"]);
+                cmd.extend(four.iter().cloned());
+                let r = gap_request(c, who, &mut sent, &cmd);
+                assert_eq!(
+                    r,
+                    expect_mget(&model, &four),
+                    "client {who}: `{}`",
+                    cmd.join(" ")
+                );
+            }
+            1 => {
+                let mut cmd = strings(&["MGET"]);
+                cmd.extend(four.iter().cloned());
+                let r = gap_request(c, who, &mut sent, &cmd);
+                assert_eq!(
+                    r,
+                    expect_mget(&model, &four),
+                    "client {who}: `{}`",
+                    cmd.join(" ")
+                );
+            }
+            2 => {
+                let k = four[0].clone();
+                let v = format!("{who}-{seq}");
+                seq += 1;
+                let cmd = vec!["SET".to_string(), k.clone(), v.clone()];
+                assert_eq!(gap_request(c, who, &mut sent, &cmd), Resp::ok());
+                model.insert(k.clone(), v.clone());
+                let cmd = vec!["GET".to_string(), k.clone()];
+                assert_eq!(
+                    gap_request(c, who, &mut sent, &cmd),
+                    bulk(&v),
+                    "client {who}: GET {k} right after SET"
+                );
+            }
+            _ => {
+                // RPUSH one or two elements, LPOP one: the lists grow slowly.
+                let l = lists[rng.index(lists.len())].clone();
+                let q = queues.entry(l.clone()).or_default();
+                let mut cmd = vec!["RPUSH".to_string(), l.clone()];
+                for _ in 0..rng.range(1, 2) {
+                    let v = format!("{who}-{seq}");
+                    seq += 1;
+                    q.push_back(v.clone());
+                    cmd.push(v);
+                }
+                let len = q.len() as i64;
+                assert_eq!(
+                    gap_request(c, who, &mut sent, &cmd),
+                    Resp::Integer(len),
+                    "client {who}: `{}`",
+                    cmd.join(" ")
+                );
+                let head = q.pop_front().unwrap();
+                let cmd = vec!["LPOP".to_string(), l.clone()];
+                assert_eq!(
+                    gap_request(c, who, &mut sent, &cmd),
+                    bulk(&head),
+                    "client {who}: LPOP {l}"
+                );
+            }
+        }
+        if sent >= next_pause {
+            thread::sleep(Duration::from_millis(rng.below(3)));
+            next_pause = sent + rng.range(1, 6) as usize;
+        }
+    }
+    // The final state, read back.
+    let mut cmd = strings(&["MGET"]);
+    cmd.extend(keys.iter().cloned());
+    assert_eq!(
+        gap_request(c, who, &mut sent, &cmd),
+        expect_mget(&model, &keys),
+        "client {who}: all its keys at the end"
+    );
+    for l in &lists {
+        let want: Vec<&str> = queues
+            .get(l)
+            .map(|q| q.iter().map(|s| s.as_str()).collect())
+            .unwrap_or_default();
+        let cmd = strings(&["LRANGE", l, "0", "-1"]);
+        assert_eq!(
+            gap_request(c, who, &mut sent, &cmd),
+            bulks(&want),
+            "client {who}: {l} at the end"
+        );
+    }
+}
+
+/// 16 client threads against `--threads 8` (more server threads than this machine's
+/// cores), each sending 3000 requests whose keys span the server's threads (MSET/MGET
+/// of four keys, SET then GET, RPUSH then LPOP), one at a time, with a pause of 0 to
+/// 2 ms every few requests so that server threads keep going to sleep and must be woken
+/// by the next cross-thread request. Every reply must arrive (10 s read timeout) and be
+/// right. (With `KITE_BIN=redis-server`, `--threads` is not passed.)
+#[test]
+fn cross_thread_requests_with_idle_gaps_threads8() {
+    const CLIENTS: usize = 16;
+    const REQUESTS: usize = 3000;
+    let mut s = KiteServer::start(&[], 8);
+    thread::scope(|scope| {
+        for who in 0..CLIENTS {
+            let mut c = s.client();
+            scope.spawn(move || gap_client(&mut c, who, REQUESTS));
+        }
+    });
+    s.assert_alive();
 }
