@@ -434,6 +434,21 @@ impl BlockTable {
         self.compact_at = (2 * live).max(MIN_COMPACT_AT);
     }
 
+    /// The `n`-th oldest live waiter on a key (0: the oldest, dropping claimed ones met
+    /// at the front).
+    fn live_at(&mut self, db: usize, key: &Bytes, n: usize) -> Option<Rc<Waiter>> {
+        if n == 0 {
+            return self.first_live(db, key);
+        }
+        let id = *self.index.get(&(db, &key[..]))?;
+        self.slot(id)
+            .queue
+            .iter()
+            .filter(|w| !w.claim.load(Ordering::Acquire))
+            .nth(n)
+            .cloned()
+    }
+
     /// The oldest live waiter on a key, dropping claimed ones on the way.
     fn first_live(&mut self, db: usize, key: &Bytes) -> Option<Rc<Waiter>> {
         let id = *self.index.get(&(db, &key[..]))?;
@@ -751,9 +766,22 @@ pub fn serve_ready(worker: &Rc<Worker>) {
             break;
         }
         for (db, key) in ready {
-            while let Some(w) = sh.blocking.first_live(db, &key) {
-                if has_data(&mut sh, db, &key, &w.op) != Data::Ready {
-                    break;
+            // Waiters passed over: they take another type than the key holds (or, reading
+            // a stream, want entries newer than it has), and those behind them may still
+            // take what is there, as Redis serves them.
+            let mut skip = 0;
+            while let Some(w) = sh.blocking.live_at(db, &key, skip) {
+                match has_data(&mut sh, db, &key, &w.op) {
+                    Data::Ready => {}
+                    Data::WrongType => {
+                        skip += 1;
+                        continue;
+                    }
+                    Data::Empty if matches!(*w.op, BlockOp::XRead { .. }) => {
+                        skip += 1;
+                        continue;
+                    }
+                    Data::Empty => break,
                 }
                 if blocked_by_locks(&sh, &key, &w.op) {
                     // Served when the transaction holding the key lets go of it.

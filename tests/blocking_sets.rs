@@ -26,9 +26,7 @@
 //! Each scenario runs at `--threads 1` and `--threads 4` (keys are spread over the
 //! shards with `spread_keys`). Every wait is bounded (reads time out, loops count), and
 //! nothing asserts on time. The seed is `KITE_BLOCKING_SETS_SEED` (default below).
-//! Everything here passes against redis-server 7.0 (`KITE_BIN=/usr/bin/redis-server`),
-//! the two ignored tests included (`-- --include-ignored`): they show a Kite bug, see
-//! `mixed_types_other_type_first`.
+//! Everything here passes against redis-server 7.0 (`KITE_BIN=/usr/bin/redis-server`).
 
 mod common;
 
@@ -319,17 +317,14 @@ threads_1_and_4!(
     many_distinct_sets,
 );
 
-/// Kite bug (kept here, ignored, until it is fixed): a push of one type does not serve
-/// the waiters of that type queued behind a waiter of the other type on the same key.
-/// Passes against redis-server 7.0 (`--include-ignored`).
+/// A push of one type serves the waiters of that type queued behind a waiter of the
+/// other type on the same key, as redis-server does (Kite served nobody until the fix).
 mod mixed_types_other_type_first {
     #[test]
-    #[ignore = "Kite bug: a waiter of the other type at the head of the key's queue blocks                 the push from serving the waiters behind it"]
     fn threads1() {
         super::scenarios::mixed_types_other_type_first(1);
     }
     #[test]
-    #[ignore = "Kite bug: a waiter of the other type at the head of the key's queue blocks                 the push from serving the waiters behind it"]
     fn threads4() {
         super::scenarios::mixed_types_other_type_first(4);
     }
