@@ -106,13 +106,62 @@ pub struct Delivery {
     pub undo: Option<Undo>,
 }
 
+/// Where a blocked call's result goes: its connection's channel, completed on the
+/// connection's own thread (through that thread's mailbox when served from another), so
+/// serving a client does not wake its thread when that thread is busy anyway.
+#[derive(Clone)]
+pub struct Deliver {
+    tx: mpsc::UnboundedSender<Delivery>,
+    home: usize,
+}
+
+impl Deliver {
+    /// Hands `d` over. On the connection's own thread, a delivery its client can no
+    /// longer take comes back to the caller; sent from another thread, its element is put
+    /// back on its key's shard.
+    fn send(&self, shared: &crate::shard::Shared, d: Delivery) -> Option<Delivery> {
+        if crate::shard::current_thread() == Some(self.home) {
+            return self.tx.send(d).err().map(|e| e.0);
+        }
+        let tx = self.tx.clone();
+        shared.send(
+            self.home,
+            Box::new(move |w| {
+                if let Err(mpsc::error::SendError(d)) = tx.send(d) {
+                    if let Some(undo) = d.undo {
+                        undo_on_its_shard(w, undo);
+                    }
+                }
+            }),
+        );
+        None
+    }
+}
+
+/// Puts back an element taken for a client that left, on the shard of its key, and
+/// serves whoever waits there now.
+fn undo_on_its_shard(w: &Rc<Worker>, undo: Undo) {
+    let target = match &undo {
+        Undo::ListPush { key, .. } | Undo::ZAdd { key, .. } => w.shard_of(key),
+    };
+    let put_back = move |w: &Rc<Worker>| {
+        apply_undo(&mut w.shard.borrow_mut(), undo);
+        serve_ready(w);
+    };
+    if target == w.id {
+        put_back(w);
+    } else {
+        w.shared.send(target, Box::new(put_back));
+    }
+}
+
 /// One blocked call as one shard sees it.
 pub struct Waiter {
     pub claim: Arc<AtomicBool>,
     pub db: usize,
     pub op: Arc<BlockOp>,
     pub resp3: bool,
-    pub deliver: mpsc::UnboundedSender<Delivery>,
+    pub deliver: Deliver,
 }
 
 /// A (database, key) a client waits on. Looked up by `(usize, &[u8])` without copying
@@ -642,7 +691,7 @@ fn serve_across(
     src: &Bytes,
     (from_left, to_left): (bool, bool),
     dst: Bytes,
-    deliver: mpsc::UnboundedSender<Delivery>,
+    deliver: Deliver,
     resp3: bool,
 ) {
     let mut values = lists::pop_for_waiter(sh, db, src, from_left, 1);
@@ -678,7 +727,7 @@ struct Landing {
     dst: Bytes,
     to_left: bool,
     value: Box<[u8]>,
-    deliver: mpsc::UnboundedSender<Delivery>,
+    deliver: Deliver,
     resp3: bool,
     done: tokio::sync::oneshot::Sender<()>,
 }
@@ -715,10 +764,13 @@ fn land(w: &Rc<Worker>, l: Landing) {
         } else {
             w.shared.send(l.src_shard, Box::new(back));
         }
-        let _ = l.deliver.send(Delivery {
-            reply: out.buf,
-            undo: None,
-        });
+        l.deliver.send(
+            &w.shared,
+            Delivery {
+                reply: out.buf,
+                undo: None,
+            },
+        );
         let _ = l.done.send(());
         return;
     }
@@ -727,10 +779,13 @@ fn land(w: &Rc<Worker>, l: Landing) {
     out.bulk(&l.value);
     // A client gone by now leaves the element in the destination, as a finished
     // BLMOVE would have.
-    let _ = l.deliver.send(Delivery {
-        reply: out.buf,
-        undo: None,
-    });
+    l.deliver.send(
+        &sh.shared,
+        Delivery {
+            reply: out.buf,
+            undo: None,
+        },
+    );
     let earlier = std::mem::take(&mut sh.settling);
     drop(sh);
     crate::shard::after_command(w);
@@ -814,10 +869,12 @@ pub fn serve_ready(worker: &Rc<Worker>) {
                 let delivery = perform(&mut sh, db, &key, &w.op, w.resp3);
                 // The pop is on its way to the AOF before its client can see it.
                 sh.aof_flush();
-                if let Err(mpsc::error::SendError(d)) = w.deliver.send(delivery) {
-                    if let Some(undo) = d.undo {
-                        apply_undo(&mut sh, undo);
-                    }
+                let back = w.deliver.send(&sh.shared, delivery);
+                if let Some(Delivery {
+                    undo: Some(undo), ..
+                }) = back
+                {
+                    apply_undo(&mut sh, undo);
                 }
             }
         }
@@ -973,7 +1030,7 @@ struct PartCall {
     op: Arc<BlockOp>,
     resp3: bool,
     claim: Arc<AtomicBool>,
-    deliver: mpsc::UnboundedSender<Delivery>,
+    deliver: Deliver,
     mode: Mode,
 }
 
@@ -1298,7 +1355,10 @@ pub async fn block(
         op: op.clone(),
         resp3,
         claim: claim.clone(),
-        deliver: tx.clone(),
+        deliver: Deliver {
+            tx: tx.clone(),
+            home: worker.id,
+        },
         mode,
     };
     let mut whole = SetPrint::default();
@@ -1617,7 +1677,7 @@ mod tests {
             db: 0,
             op: Arc::new(BlockOp::ListPop { left: true }),
             resp3: false,
-            deliver: tx,
+            deliver: Deliver { tx, home: 0 },
         })
     }
 

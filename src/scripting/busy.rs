@@ -152,7 +152,7 @@ fn answer_mailbox(worker: &Rc<Worker>) {
                     rest: Default::default(),
                     settle: Vec::new(),
                 };
-                worker.shared.answer(b.from, b.done, result);
+                worker.shared.answer_batch(b.from, b.done, result);
             }
             other => deferred.push_back(other),
         }

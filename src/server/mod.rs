@@ -133,6 +133,9 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
             match mail {
                 Mail::Run(f) => f(worker),
                 Mail::Batch(b) => run_batch(worker, b),
+                Mail::Done(tx, result) => {
+                    let _ = tx.send(result);
+                }
             }
             ran += 1;
             if ran == MAIL_PER_TURN {

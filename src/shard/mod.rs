@@ -50,13 +50,15 @@ pub fn set_current_thread(id: usize) {
 /// Work sent to another thread: runs there with that thread's worker.
 pub type Msg = Box<dyn FnOnce(&Rc<Worker>) + Send>;
 
-/// What a thread's mailbox carries: work to run there, or a batch of pipelined keyed
-/// commands. Batches are told apart so that a thread busy in a script can answer them
-/// with BUSY from its Lua hook instead of leaving their client waiting
-/// (`scripting::busy`); other work waits for the script's end.
+/// What a thread's mailbox carries: work to run there, a batch of pipelined keyed
+/// commands, or a batch's result coming back. Batches are told apart so that a thread
+/// busy in a script can answer them with BUSY from its Lua hook instead of leaving their
+/// client waiting (`scripting::busy`); other work waits for the script's end. A result
+/// travels as itself rather than as a boxed closure: one allocation less per hop.
 pub enum Mail {
     Run(Msg),
     Batch(Batch),
+    Done(oneshot::Sender<BatchResult>, BatchResult),
 }
 
 /// State shared by all threads. Nothing here is keyspace data.
@@ -125,6 +127,15 @@ impl Shared {
 
     pub fn send(&self, target: usize, msg: Msg) {
         self.mailbox(target).push(Mail::Run(msg));
+    }
+
+    /// `answer` for a batch's result.
+    pub fn answer_batch(&self, to: usize, tx: oneshot::Sender<BatchResult>, result: BatchResult) {
+        if crate::shard::current_thread() == Some(to) {
+            let _ = tx.send(result);
+            return;
+        }
+        self.mailbox(to).push(Mail::Done(tx, result));
     }
 
     pub fn mailbox(&self, target: usize) -> &Arc<mailbox::Mailbox> {
@@ -1184,7 +1195,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     if let Some(check) = batch.atomic.take() {
         if check.broken(&shard, batch.client_id, unix_ms()) {
             drop(shard);
-            worker.shared.answer(
+            worker.shared.answer_batch(
                 batch.from,
                 batch.done,
                 BatchResult {
@@ -1261,7 +1272,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     let sink = batch.remote.then_some(&mut batch.events);
     after_command_into(worker, sink);
     let settle = std::mem::take(&mut worker.shard.borrow_mut().settling);
-    worker.shared.answer(
+    worker.shared.answer_batch(
         batch.from,
         batch.done,
         BatchResult {
