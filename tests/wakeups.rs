@@ -962,6 +962,14 @@ fn replica_xread_block_threads4() {
 
 /// Sends one request and reads its reply (10 s read timeout): a reply that never comes
 /// (a server thread that was not woken) fails with the client, request and command.
+/// MGET of `keys`, checked against what the client wrote.
+fn checked_mget(c: &mut Client, who: usize, sent: &mut usize, keys: &[String], expected: Resp) {
+    let mut cmd = strings(&["MGET"]);
+    cmd.extend(keys.iter().cloned());
+    let r = gap_request(c, who, sent, &cmd);
+    assert_eq!(r, expected, "client {who}: `{}`", cmd.join(" "));
+}
+
 fn gap_request(c: &mut Client, who: usize, sent: &mut usize, cmd: &[String]) -> Resp {
     c.send(cmd);
     *sent += 1;
@@ -1015,26 +1023,10 @@ fn gap_client(c: &mut Client, who: usize, requests: usize) {
                 let r = gap_request(c, who, &mut sent, &cmd);
                 assert_eq!(r, Resp::ok(), "client {who}: `{}`", cmd.join(" "));
                 rng.shuffle(&mut four);
-                let mut cmd = strings(&["MGET"]);
-                cmd.extend(four.iter().cloned());
-                let r = gap_request(c, who, &mut sent, &cmd);
-                assert_eq!(
-                    r,
-                    expect_mget(&model, &four),
-                    "client {who}: `{}`",
-                    cmd.join(" ")
-                );
+                checked_mget(c, who, &mut sent, &four, expect_mget(&model, &four));
             }
             1 => {
-                let mut cmd = strings(&["MGET"]);
-                cmd.extend(four.iter().cloned());
-                let r = gap_request(c, who, &mut sent, &cmd);
-                assert_eq!(
-                    r,
-                    expect_mget(&model, &four),
-                    "client {who}: `{}`",
-                    cmd.join(" ")
-                );
+                checked_mget(c, who, &mut sent, &four, expect_mget(&model, &four));
             }
             2 => {
                 let k = four[0].clone();
