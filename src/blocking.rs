@@ -231,8 +231,10 @@ struct Group {
     observed_ms: u64,
 }
 
-/// Groups a shard keeps; past this, the least recently used give way.
+/// Groups a shard keeps, and the keys they name in all (a group keeps a slot for each of
+/// its keys, waited on or not); past either, the least recently used give way.
 const MAX_GROUPS: usize = 4096;
+const MAX_GROUP_KEYS: usize = 1 << 18;
 /// How often a known group's keys are reported to queue metrics as blocked on.
 const OBSERVE_EVERY_MS: u64 = 1000;
 
@@ -250,6 +252,8 @@ pub struct BlockTable {
     free_groups: Vec<usize>,
     /// The clock hand of group eviction.
     hand: usize,
+    /// Keys named by the groups, counted once per group.
+    group_keys: usize,
     /// Keys with waiters that gained elements, served when the current command ends.
     ready: Vec<(usize, Bytes)>,
     /// Registrations held in the queues, live or dead, and the count that triggers the
@@ -270,6 +274,7 @@ impl Default for BlockTable {
             group_slab: Vec::new(),
             free_groups: Vec::new(),
             hand: 0,
+            group_keys: 0,
             ready: Vec::new(),
             entries: 0,
             compact_at: MIN_COMPACT_AT,
@@ -397,9 +402,12 @@ impl BlockTable {
             self.group_slab[g].as_mut().expect("live group").used = true;
             return (g, false);
         }
-        if self.groups.len() >= MAX_GROUPS {
+        while !self.groups.is_empty()
+            && (self.groups.len() >= MAX_GROUPS || self.group_keys + keys.len() > MAX_GROUP_KEYS)
+        {
             self.evict_group();
         }
+        self.group_keys += keys.len();
         let slots: Rc<[SlotId]> = keys.iter().map(|k| self.slot_for(db, k)).collect();
         for &id in slots.iter() {
             self.slot_mut(id).groups += 1;
@@ -444,6 +452,7 @@ impl BlockTable {
             let group = self.group_slab[g].take().expect("live group");
             self.groups.remove(&(group.db, group.print));
             self.free_groups.push(g);
+            self.group_keys -= group.slots.len();
             for &id in group.slots.iter() {
                 self.slot_mut(id).groups -= 1;
                 self.release_slot_if_unused(id);
@@ -1728,6 +1737,21 @@ mod tests {
         assert_eq!(t.groups.len(), 2);
         // Both groups share the slots of x and y.
         assert_eq!(t.index.len(), 3);
+    }
+
+    #[test]
+    fn the_keys_groups_name_are_bounded_too() {
+        let mut t = BlockTable::default();
+        for i in 0..20 {
+            let names: Vec<String> = (0..MAX_GROUP_KEYS / 8)
+                .map(|j| format!("{i}:{j}"))
+                .collect();
+            let refs: Vec<&str> = names.iter().map(|k| k.as_str()).collect();
+            group(&mut t, &refs);
+            assert!(t.group_keys <= MAX_GROUP_KEYS);
+            assert_eq!(t.index.len(), t.group_keys);
+        }
+        assert_eq!(t.groups.len(), 8);
     }
 
     #[test]

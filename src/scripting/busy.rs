@@ -130,13 +130,16 @@ pub fn serve(worker: &Rc<Worker>) {
 }
 
 /// Pipelined commands sent here by other threads' connections get BUSY at once, as they
-/// would had they arrived a moment later; everything else in the mailbox (transaction
+/// would had they arrived a moment later, whether they came before the script started
+/// (taken with it from the mailbox, not run yet) or since; everything else (transaction
 /// steps, broadcasts, EXEC on this shard) waits for the script, in order.
 fn answer_mailbox(worker: &Rc<Worker>) {
     let Ok(mut deferred) = worker.deferred.try_borrow_mut() else {
         return;
     };
-    let mut arrived = std::collections::VecDeque::new();
+    // What the loop took before the script started and has not run yet comes first, then
+    // what arrived since: batches among either are answered, the rest keeps its order.
+    let mut arrived = std::mem::take(&mut *deferred);
     worker.mailbox.take_into(&mut arrived);
     let text = crate::commands::scripting::busy_text(&worker.shared);
     for mail in arrived {
