@@ -178,10 +178,11 @@ impl hashbrown::Equivalent<WaitKey> for (usize, &[u8]) {
     }
 }
 
-/// An unordered set of keys, as a wait group knows it: two sums of keyed hashes of its
+/// An unordered set of keys, as a wait group knows it: two sums of seeded hashes of its
 /// keys (so the order they are named in does not matter) and their count. Two sets with
-/// equal fingerprints are taken to be the same set: with seeds drawn at start-up, two
-/// different sets collide with probability about 2^-128.
+/// equal fingerprints are taken to be the same set, without comparing keys: foldhash with
+/// two seeds drawn at start-up, so sets not chosen against those seeds collide with
+/// probability about 2^-128 (docs/event-loop.md).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
 pub struct SetPrint {
     a: u64,
@@ -492,19 +493,22 @@ impl BlockTable {
         self.compact_at = (2 * live).max(MIN_COMPACT_AT);
     }
 
-    /// The `n`-th oldest live waiter on a key (0: the oldest, dropping claimed ones met
-    /// at the front).
-    fn live_at(&mut self, db: usize, key: &Bytes, n: usize) -> Option<Rc<Waiter>> {
-        if n == 0 {
-            return self.first_live(db, key);
+    /// The oldest live waiter on a key at or after position `from` of its queue, with its
+    /// position. From the front, claimed entries met there are dropped first; further in,
+    /// positions do not move, so a caller walking past waiters it cannot serve pays for
+    /// each entry once.
+    fn live_from(&mut self, db: usize, key: &Bytes, from: usize) -> Option<(usize, Rc<Waiter>)> {
+        if from == 0 {
+            return self.first_live(db, key).map(|w| (0, w));
         }
         let id = *self.index.get(&(db, &key[..]))?;
         self.slot(id)
             .queue
             .iter()
-            .filter(|w| !w.claim.load(Ordering::Acquire))
-            .nth(n)
-            .cloned()
+            .enumerate()
+            .skip(from)
+            .find(|(_, w)| !w.claim.load(Ordering::Acquire))
+            .map(|(at, w)| (at, w.clone()))
     }
 
     /// The oldest live waiter on a key, dropping claimed ones on the way.
@@ -833,16 +837,18 @@ pub fn serve_ready(worker: &Rc<Worker>) {
             // Waiters passed over: they take another type than the key holds (or, reading
             // a stream, want entries newer than it has), and those behind them may still
             // take what is there, as Redis serves them.
-            let mut skip = 0;
-            while let Some(w) = sh.blocking.live_at(db, &key, skip) {
+            let mut from = 0;
+            while let Some((at, w)) = sh.blocking.live_from(db, &key, from) {
+                // Served or not, this waiter is behind us now (a served one is claimed).
+                from = at;
                 match has_data(&mut sh, db, &key, &w.op) {
                     Data::Ready => {}
                     Data::WrongType => {
-                        skip += 1;
+                        from = at + 1;
                         continue;
                     }
                     Data::Empty if matches!(*w.op, BlockOp::XRead { .. }) => {
-                        skip += 1;
+                        from = at + 1;
                         continue;
                     }
                     Data::Empty => break,

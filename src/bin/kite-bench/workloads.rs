@@ -193,6 +193,18 @@ pub struct BrpopKeysOpts {
     pub fixed_sets: bool,
 }
 
+/// `BRPOP` over the keys `names[i]` for each `i` of `chosen`, then the timeout.
+fn encode_brpop(out: &mut Vec<u8>, chosen: &[u32], names: &[Vec<u8>], timeout: &[u8]) {
+    out.clear();
+    let mut args: Vec<&[u8]> = Vec::with_capacity(chosen.len() + 2);
+    args.push(b"BRPOP");
+    for &i in chosen {
+        args.push(&names[i as usize]);
+    }
+    args.push(timeout);
+    resp::encode(out, &args);
+}
+
 /// The next BRPOP of a consumer with a fixed key set: the same `k` keys, shuffled.
 fn brpop_shuffled(
     out: &mut Vec<u8>,
@@ -206,14 +218,7 @@ fn brpop_shuffled(
         let j = rng.below((i + 1) as u64) as usize;
         idx.swap(i, j);
     }
-    out.clear();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(k + 2);
-    args.push(b"BRPOP");
-    for &i in &idx[..k] {
-        args.push(&names[i as usize]);
-    }
-    args.push(timeout);
-    resp::encode(out, &args);
+    encode_brpop(out, &idx[..k], names, timeout);
 }
 
 /// A BRPOP over `k` distinct random keys out of `keys`.
@@ -230,14 +235,7 @@ fn brpop_random(
         let j = i + rng.below((n - i) as u64) as usize;
         idx.swap(i, j);
     }
-    out.clear();
-    let mut args: Vec<&[u8]> = Vec::with_capacity(k + 2);
-    args.push(b"BRPOP");
-    for &i in &idx[..k] {
-        args.push(&names[i as usize]);
-    }
-    args.push(timeout);
-    resp::encode(out, &args);
+    encode_brpop(out, &idx[..k], names, timeout);
 }
 
 pub fn brpop_keys(t: &Target, o: &BrpopKeysOpts) -> io::Result<RunResult> {
