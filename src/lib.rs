@@ -7,6 +7,7 @@
 pub mod acl;
 pub mod blocking;
 pub mod clock;
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod memory;

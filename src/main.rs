@@ -1,6 +1,6 @@
 //! Kite: a multi-threaded Redis-protocol server for background-job workloads.
 
-use kite::{acl, clock, config, memory, net, persist, repl, scripting, server, shard};
+use kite::{acl, clock, cluster, config, memory, net, persist, repl, scripting, server, shard};
 
 use std::net::{TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
@@ -302,6 +302,13 @@ fn main() {
             std::process::exit(1);
         }
     };
+    let cluster = match cluster::Cluster::from_config(&config) {
+        Ok(c) => c.map(Box::new),
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
     let shared = Arc::new(Shared {
         tracking: Default::default(),
         placement: Placement::new(threads, rr_prefix).with_queue_prefixes(
@@ -340,6 +347,7 @@ fn main() {
         inbox: (0..threads).map(|_| Mutex::new(Vec::new())).collect(),
         client_memory: (0..threads).map(|_| Default::default()).collect(),
         evicted_clients: AtomicU64::new(0),
+        cluster,
     });
     repl::refresh_settings(&shared);
     memory::refresh(&shared);

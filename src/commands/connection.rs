@@ -100,6 +100,9 @@ pub fn auth(sess: &mut Session, args: &[Bytes]) {
 pub fn select(sess: &mut Session, args: &[Bytes]) {
     match parse_i64(&args[1]) {
         Err(_) => sess.error(NOT_INT),
+        Ok(n) if n != 0 && sess.worker.shared.cluster.is_some() => {
+            sess.error("ERR SELECT is not allowed in cluster mode")
+        }
         Ok(n) if n < 0 || n as usize >= sess.worker.shared.tunables.databases => {
             sess.error("ERR DB index is out of range")
         }

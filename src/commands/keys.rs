@@ -252,6 +252,11 @@ pub fn copy(ctx: &mut ExecCtx, args: &[Bytes]) {
         Ok(c) => c,
         Err(e) => return ctx.out.error(e),
     };
+    if ctx.shard.shared.cluster.is_some() && (c.dst_db != 0 || ctx.db != 0) {
+        return ctx
+            .out
+            .error("ERR Copying to another database is not allowed in cluster mode");
+    }
     let (src, dst) = (&args[1], &args[2]);
     if src == dst && c.dst_db == ctx.db {
         return ctx.out.error(SAME_OBJECT);
@@ -295,6 +300,9 @@ cross_handler!(copy_cross, |sess, args, tx| {
 });
 
 pub fn move_(ctx: &mut ExecCtx, args: &[Bytes]) {
+    if ctx.shard.shared.cluster.is_some() {
+        return ctx.out.error("ERR MOVE is not allowed in cluster mode");
+    }
     let target = match parse_i64(&args[2]) {
         Ok(n) if n >= 0 && (n as usize) < ctx.shard.dbs.len() => n as usize,
         Ok(_) => return ctx.out.error(DB_RANGE),
@@ -635,6 +643,9 @@ async_handler!(flushall, |sess, args| {
 });
 
 async_handler!(swapdb, |sess, args| {
+    if sess.worker.shared.cluster.is_some() {
+        return sess.out.error("ERR SWAPDB is not allowed in cluster mode");
+    }
     let databases = sess.worker.shared.tunables.databases;
     let Ok(a) = parse_i64(&args[1]) else {
         return sess.out.error("ERR invalid first DB index");

@@ -522,6 +522,28 @@ pub async fn execute(sess: &mut Session, cmd: Option<&'static Command>, args: Ve
             return;
         }
     }
+    // Cluster mode: keys in one slot, served here, or a redirection (docs/cluster.md).
+    if sess.worker.shared.cluster.is_some() {
+        let shared = sess.worker.shared.clone();
+        let c = shared.cluster.as_deref().expect("cluster mode");
+        use crate::cluster::redirect::{check, resolve, Check};
+        let refusal = match check(c, sess, cmd, &args) {
+            Check::Serve => None,
+            Check::Refuse(msg) => Some(msg),
+            Check::Probe(p) => resolve(c, sess, p).await,
+        };
+        if let Some(msg) = refusal {
+            sess.count_rejected(cmd);
+            if cmd.name == "exec" {
+                // Redis drops the transaction and answers with the redirection itself.
+                sess.multi = None;
+                sess.handle.info.borrow_mut().multi = -1;
+                transactions::unwatch_all(sess);
+            }
+            sess.reject(&msg);
+            return;
+        }
+    }
     // Past maxmemory, an evicting policy makes room first (docs/eviction.md).
     if !sess.replaying
         && sess.over_maxmemory()

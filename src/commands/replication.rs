@@ -12,6 +12,9 @@ use crate::server::session::Session;
 
 async_handler!(replicaof, |sess, args| {
     let shared = sess.worker.shared.clone();
+    if shared.cluster.is_some() {
+        return sess.error("ERR REPLICAOF not allowed in cluster mode.");
+    }
     if eq_ci(&args[1], "no") && eq_ci(&args[2], "one") {
         if shared.repl.is_replica() {
             replica::promote(&shared).await;

@@ -381,7 +381,11 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
         s.push_str("\r\n");
     }
     if show("cluster") {
-        s.push_str("# Cluster\r\ncluster_enabled:0\r\n\r\n");
+        s.push_str(if shared.cluster.is_some() {
+            "# Cluster\r\ncluster_enabled:1\r\n\r\n"
+        } else {
+            "# Cluster\r\ncluster_enabled:0\r\n\r\n"
+        });
     }
     if show("keyspace") {
         s.push_str("# Keyspace\r\n");

@@ -149,14 +149,14 @@ pub fn all() -> Vec<Command> {
             c("module", -2, "", NONE, "server", "4.0.0", "Lists, loads and unloads modules (Kite runs none).", Conn(server::module)),
             server::MODULE_SUBCOMMANDS,
         ),
-        // Cluster commands, answering as a server with cluster support disabled
+        // Cluster commands (cluster mode: src/cluster/, docs/cluster.md)
         with_subcommands(
-            c("cluster", -2, "", NONE, "cluster", "3.0.0", "Cluster administration (cluster mode is off).", Conn(cluster::disabled)),
+            c("cluster", -2, "", NONE, "cluster", "3.0.0", "Cluster administration.", Async(cluster::cluster)),
             cluster::CLUSTER_SUBCOMMANDS,
         ),
-        c("readonly", 1, "loading stale fast", NONE, "cluster", "3.0.0", "Enables reads from a cluster replica (cluster mode is off).", Conn(cluster::disabled)),
-        c("readwrite", 1, "loading stale fast", NONE, "cluster", "3.0.0", "Ends READONLY (cluster mode is off).", Conn(cluster::disabled)),
-        c("asking", 1, "fast", NONE, "cluster", "3.0.0", "Marks the connection for a key being migrated (cluster mode is off).", Conn(cluster::disabled)),
+        c("readonly", 1, "loading stale fast", NONE, "cluster", "3.0.0", "Lets a cluster replica serve this connection's reads of its master's slots.", Conn(cluster::readonly)),
+        c("readwrite", 1, "loading stale fast", NONE, "cluster", "3.0.0", "Ends READONLY: reads go to the master again.", Conn(cluster::readwrite)),
+        c("asking", 1, "fast", NONE, "cluster", "3.0.0", "Marks the next command as following an -ASK redirection.", Conn(cluster::asking)),
         c("time", 1, "loading stale fast", NONE, "server", "2.6.0", "Returns the server time.", Conn(server::time)),
         c("wait", 3, "noscript", NONE, "generic", "3.0.0", "Waits for replicas to acknowledge the connection's writes.", Async(replication::wait)),
         c("waitaof", 4, "noscript", NONE, "generic", "7.2.0", "Waits for the connection's writes to reach the AOF on disk, here and on replicas.", Async(replication::waitaof)),

@@ -225,6 +225,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         forced: Vec::new(),
         blocked_us: 0,
         last_block: None,
+        asking: false,
+        readonly: false,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -651,6 +653,13 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
         || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
         || !squash_allowed_by_gate(sess, cmd)
+        // In cluster mode only what the slot check serves at once skips `execute`.
+        || sess.worker.shared.cluster.as_deref().is_some_and(|c| {
+            !matches!(
+                crate::cluster::redirect::check(c, sess, cmd, args),
+                crate::cluster::redirect::Check::Serve
+            )
+        })
     {
         return None;
     }
@@ -699,6 +708,7 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
             let cmd = cmd.expect("squashable commands are known");
             let mut batch = VecDeque::new();
             sess.note_command(cmd, &args);
+            sess.asking = false;
             batch.push_back((cmd, args));
             while let Some(next) = iter.peek() {
                 let next_cmd = table().lookup(&next[0]);
@@ -769,6 +779,10 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         sess.flushed_mid_command = 0;
         let mark = sess.out.buf.len();
         commands::execute(sess, cmd, args).await;
+        // ASKING covers the next command, or the whole next transaction.
+        if sess.asking && sess.multi.is_none() && cmd.is_none_or(|c| c.name != "asking") {
+            sess.asking = false;
+        }
         // CLIENT CACHING covers the next command, or the whole next transaction.
         if sess.caching && sess.multi.is_none() && cmd.is_none_or(|c| c.name != "client") {
             sess.caching = false;

@@ -92,6 +92,10 @@ pub struct Session {
     /// The key set of this connection's last blocked call, by shard: a consumer that
     /// blocks on it again (Sidekiq, shuffled) skips placing each key.
     pub last_block: Option<Box<crate::blocking::LastBlock>>,
+    /// Cluster mode: ASKING was sent (the next command, or the transaction, may use an
+    /// importing slot), and READONLY (reads of the master's slots served on a replica).
+    pub asking: bool,
+    pub readonly: bool,
 }
 
 impl Session {
@@ -137,6 +141,8 @@ impl Session {
             forced: Vec::new(),
             blocked_us: 0,
             last_block: None,
+            asking: false,
+            readonly: false,
         }
     }
 

@@ -118,6 +118,8 @@ pub struct Shared {
     pub client_memory: Vec<[AtomicUsize; 2]>,
     /// Clients closed by `maxmemory-clients` (INFO's evicted_clients).
     pub evicted_clients: AtomicU64,
+    /// Cluster mode (`cluster-enabled yes`): the slot map and the bus's state.
+    pub cluster: Option<Box<crate::cluster::Cluster>>,
 }
 
 impl Shared {
@@ -193,6 +195,7 @@ impl Shared {
             inbox: (0..nshards).map(|_| Mutex::new(Vec::new())).collect(),
             client_memory: (0..nshards).map(|_| Default::default()).collect(),
             evicted_clients: AtomicU64::new(0),
+            cluster: None,
         })
     }
 

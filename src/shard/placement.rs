@@ -24,7 +24,6 @@ pub fn hashtag(key: &[u8]) -> &[u8] {
 }
 
 /// The Redis Cluster slot of a key.
-#[cfg(test)]
 pub fn slot(key: &[u8]) -> usize {
     slot_of_tag(hashtag(key))
 }

@@ -1,0 +1,170 @@
+//! The check every command passes in cluster mode before it runs (Redis's
+//! `getNodeByQuery`): all its keys in one slot, that slot served here, or the
+//! redirection that tells the client where to go.
+
+use bytes::Bytes;
+
+use super::view;
+use super::Cluster;
+use crate::commands::{flags, Command, Keys};
+use crate::server::session::Session;
+use crate::shard::placement;
+
+pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
+pub const TRYAGAIN: &str = "TRYAGAIN Multiple keys request during rehashing of slot";
+pub const DOWN: &str = "CLUSTERDOWN The cluster is down";
+pub const DOWN_RO: &str = "CLUSTERDOWN The cluster is down and only accepts read commands";
+pub const UNBOUND: &str = "CLUSTERDOWN Hash slot not served";
+
+/// What the check decided.
+pub enum Check {
+    Serve,
+    Refuse(String),
+    /// The slot is moving: whether its keys are here decides (`resolve`).
+    Probe(Probe),
+}
+
+pub struct Probe {
+    slot: usize,
+    keys: Vec<Bytes>,
+    migrating: bool,
+    importing: bool,
+    multiple: bool,
+}
+
+/// Shard channels are keys as far as slots go (SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE).
+fn shard_channels<'a>(cmd: &Command, args: &'a [Bytes]) -> Option<&'a [Bytes]> {
+    match cmd.name {
+        "spublish" => Some(&args[1..2.min(args.len())]),
+        "ssubscribe" | "sunsubscribe" => Some(&args[1..]),
+        _ => None,
+    }
+}
+
+pub fn check(c: &Cluster, sess: &Session, cmd: &'static Command, args: &[Bytes]) -> Check {
+    // The master's stream and the AOF replay are obeyed, as in Redis.
+    if sess.replaying {
+        return Check::Serve;
+    }
+    let exec = cmd.name == "exec";
+    let channels = shard_channels(cmd, args);
+    if !exec && channels.is_none() && matches!(cmd.keys, Keys::None) {
+        return Check::Serve;
+    }
+    let mut keys: Vec<&Bytes> = Vec::new();
+    let mut writes = cmd.has(flags::WRITE);
+    if exec {
+        let Some(m) = &sess.multi else {
+            return Check::Serve;
+        };
+        for (qc, qargs) in &m.queued {
+            writes |= qc.has(flags::WRITE);
+            if let Some(ch) = shard_channels(qc, qargs) {
+                keys.extend(ch);
+            } else {
+                keys.extend(qc.key_positions(qargs).into_iter().map(|i| &qargs[i]));
+            }
+        }
+    } else if let Some(ch) = channels {
+        keys.extend(ch);
+    } else {
+        keys.extend(cmd.key_positions(args).into_iter().map(|i| &args[i]));
+    }
+    let Some(first) = keys.first() else {
+        return Check::Serve;
+    };
+    let slot = placement::slot(first);
+    let mut multiple = false;
+    for k in &keys[1..] {
+        if placement::slot(k) != slot {
+            return Check::Refuse(CROSSSLOT.into());
+        }
+        multiple = true;
+    }
+    let v = c.view.get(slot);
+    if v & (view::HERE | view::ELSEWHERE) == 0 {
+        return Check::Refuse(UNBOUND.into());
+    }
+    if !c.view.ok() {
+        if channels.is_some() {
+            // cluster-allow-pubsubshard-when-down is yes by default: served.
+        } else if !c.lock().allow_reads_when_down {
+            return Check::Refuse(DOWN.into());
+        } else if writes {
+            return Check::Refuse(DOWN_RO.into());
+        }
+    }
+    let migrating = v & view::HERE != 0 && v & view::MIGRATING != 0;
+    let importing = v & view::HERE == 0 && v & view::IMPORTING != 0;
+    if migrating || importing {
+        // MIGRATE itself runs on a moving slot whatever its keys' state.
+        if cmd.name == "migrate" {
+            return Check::Serve;
+        }
+        if migrating || sess.asking || cmd.name == "asking" {
+            return Check::Probe(Probe {
+                slot,
+                keys: keys.into_iter().cloned().collect(),
+                migrating,
+                importing,
+                multiple,
+            });
+        }
+    }
+    if v & view::HERE != 0 {
+        return Check::Serve;
+    }
+    if v & view::MY_MASTER != 0 && (sess.readonly || channels.is_some()) && !writes {
+        return Check::Serve;
+    }
+    Check::Refuse(moved(c, "MOVED", slot))
+}
+
+/// `MOVED slot ip:port` or `ASK slot ip:port` to the node serving (or taking) `slot`.
+fn moved(c: &Cluster, what: &str, slot: usize) -> String {
+    let st = c.lock();
+    let node = if what == "ASK" {
+        st.migrating_to.get(&slot)
+    } else {
+        st.owner[slot].as_ref()
+    }
+    .and_then(|n| st.nodes.get(n));
+    match node {
+        Some(n) => format!("{what} {slot} {}:{}", n.ip, n.port),
+        None => UNBOUND.into(),
+    }
+}
+
+/// Decides a probe: how many of its keys this node holds.
+pub async fn resolve(c: &Cluster, sess: &Session, p: Probe) -> Option<String> {
+    let db = sess.db;
+    let worker = &sess.worker;
+    let mut missing = 0;
+    let mut present = 0;
+    for k in p.keys {
+        let shard = worker.shard_of(&k);
+        let here = crate::shard::hop(worker, shard, move |w| {
+            let now = crate::shard::unix_ms();
+            w.shard.borrow_mut().lookup(db, &k, now).is_some()
+        })
+        .await;
+        if here {
+            present += 1;
+        } else {
+            missing += 1;
+        }
+    }
+    if p.migrating && missing > 0 {
+        if present > 0 {
+            return Some(TRYAGAIN.into());
+        }
+        return Some(moved(c, "ASK", p.slot));
+    }
+    if p.importing {
+        if p.multiple && missing > 0 {
+            return Some(TRYAGAIN.into());
+        }
+        return None;
+    }
+    None
+}

@@ -1,0 +1,1 @@
+//! The cluster bus's binary messages (Redis's `clusterMsg`), encoded and decoded.
