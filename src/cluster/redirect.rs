@@ -101,7 +101,7 @@ pub fn check(c: &Cluster, sess: &Session, cmd: &'static Command, args: &[Bytes])
         if cmd.name == "migrate" {
             return Check::Serve;
         }
-        if migrating || sess.asking || cmd.name == "asking" {
+        if migrating || sess.asking || cmd.name == "restore-asking" {
             return Check::Probe(Probe {
                 slot,
                 keys: keys.into_iter().cloned().collect(),

@@ -82,7 +82,9 @@ pub struct Node {
     pub numslots: usize,
     /// Masters that reported it PFAIL/FAIL, and when.
     pub fail_reports: HashMap<Name, u64>,
-    /// The outbound bus link is connected (CLUSTER NODES' link state).
+    /// The outbound bus link (the bus's id for it, 0: none) and whether it is connected
+    /// (CLUSTER NODES' link state).
+    pub link: u64,
     pub link_up: bool,
     pub link_since: u64,
     /// Created by a MEET from this side: the name is a placeholder until its first PONG.
@@ -112,6 +114,7 @@ impl Node {
             slots: Box::new([0; SLOTS / 8]),
             numslots: 0,
             fail_reports: HashMap::new(),
+            link: 0,
             link_up: false,
             link_since: 0,
             created: super::now_ms(),

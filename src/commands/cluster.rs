@@ -287,28 +287,33 @@ async_handler!(cluster, |sess, args| {
         "setslot" => setslot(sess, c, &args).await,
         "meet" => {
             let ip = String::from_utf8_lossy(&args[2]).into_owned();
-            let port = parse_i64(&args[3]).ok().filter(|p| (0..=65535).contains(p));
-            let cport = match args.get(4) {
-                Some(a) => parse_i64(a).ok().filter(|p| (0..=65535).contains(p)),
-                None => port.map(|p| p + 10000),
-            };
             if args.len() > 5 {
                 return sess.error("ERR syntax error");
             }
-            let Some(port) = port else {
+            let Ok(port) = parse_i64(&args[3]) else {
                 return sess.error(&format!(
                     "ERR Invalid base port specified: {}",
                     String::from_utf8_lossy(&args[3])
                 ));
             };
-            let Some(cport) = cport.filter(|c| *c <= 65535) else {
-                return sess.error(&format!(
-                    "ERR Invalid bus port specified: {}",
-                    String::from_utf8_lossy(&args[4])
-                ));
+            let cport = match args.get(4) {
+                Some(a) => match parse_i64(a) {
+                    Ok(c) => c,
+                    Err(_) => {
+                        return sess.error(&format!(
+                            "ERR Invalid bus port specified: {}",
+                            String::from_utf8_lossy(a)
+                        ))
+                    }
+                },
+                None => port + 10000,
             };
-            if ip.parse::<std::net::IpAddr>().is_err() {
-                return sess.error(&format!("ERR Invalid node address specified: {ip}:{port}"));
+            let valid = |p: i64| (1..=65535).contains(&p);
+            if ip.parse::<std::net::IpAddr>().is_err() || !valid(port) || !valid(cport) {
+                return sess.error(&format!(
+                    "ERR Invalid node address specified: {ip}:{}",
+                    String::from_utf8_lossy(&args[3])
+                ));
             }
             c.lock().meets.push((ip, port as u16, cport as u16));
             c.wake.notify_one();
@@ -563,10 +568,12 @@ async fn setslot(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
             Some(n) => Some(n),
             None => {
                 drop(st);
-                return sess.error(&format!(
-                    "ERR I don't know about node {}",
-                    String::from_utf8_lossy(&args[4])
-                ));
+                let what = if action == "node" {
+                    "Unknown node"
+                } else {
+                    "I don't know about node"
+                };
+                return sess.error(&format!("ERR {what} {}", String::from_utf8_lossy(&args[4])));
             }
         }
     } else {
@@ -783,10 +790,24 @@ fn slots_reply(sess: &mut Session, c: &Cluster) {
     entries.sort_by_key(|e| e.0);
     sess.out.array(entries.len());
     for (a, b, m) in entries {
+        let my_offset = sess
+            .worker
+            .shared
+            .repl
+            .offset
+            .load(std::sync::atomic::Ordering::Relaxed);
+        // Redis lists only replicas that are not failing and have replicated something.
         let replicas: Vec<&Node> = st
             .replicas_of(&m.name)
             .into_iter()
-            .filter(|r| !r.failed())
+            .filter(|r| {
+                let offset = if r.has(flags::MYSELF) {
+                    my_offset
+                } else {
+                    r.repl_offset
+                };
+                !r.failed() && offset != 0
+            })
             .collect();
         sess.out.array(3 + replicas.len());
         sess.out.int(a as i64);
@@ -825,11 +846,14 @@ fn shards_reply(sess: &mut Session, c: &Cluster) {
         sess.out.array(members.len());
         for n in members {
             let hostname = !n.hostname.is_empty();
-            sess.out.map(if hostname { 8 } else { 7 });
+            let port = n.port != 0;
+            sess.out.map(6 + usize::from(hostname) + usize::from(port));
             sess.out.bulk(b"id");
             sess.out.bulk(&n.name);
-            sess.out.bulk(b"port");
-            sess.out.int(n.port as i64);
+            if port {
+                sess.out.bulk(b"port");
+                sess.out.int(n.port as i64);
+            }
             sess.out.bulk(b"ip");
             sess.out.bulk(n.ip.as_bytes());
             sess.out.bulk(b"endpoint");
@@ -851,10 +875,7 @@ fn shards_reply(sess: &mut Session, c: &Cluster) {
             sess.out.bulk(b"health");
             let health: &[u8] = if n.failed() {
                 b"fail"
-            } else if n.has(flags::REPLICA)
-                && n.has(flags::MYSELF)
-                && !sess.worker.shared.repl.link_up()
-            {
+            } else if n.has(flags::REPLICA) && offset == 0 {
                 b"loading"
             } else {
                 b"online"

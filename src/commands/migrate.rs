@@ -49,6 +49,9 @@ pub struct Request {
     replace: bool,
     auth: Option<(Option<Bytes>, Bytes)>,
     pub keys: Vec<Bytes>,
+    /// In cluster mode the keys go as RESTORE-ASKING, which the target serves while it
+    /// imports their slot.
+    pub asking: bool,
 }
 
 pub fn parse(args: &[Bytes]) -> Result<Request, &'static str> {
@@ -107,6 +110,7 @@ pub fn parse(args: &[Bytes]) -> Result<Request, &'static str> {
         replace,
         auth,
         keys,
+        asking: false,
     })
 }
 
@@ -161,10 +165,11 @@ async fn exchange(req: &Request, payload: &[u8], replies: usize) -> Result<Vec<S
 }
 
 async_handler!(migrate, |sess, args| {
-    let req = match parse(&args) {
+    let mut req = match parse(&args) {
         Ok(r) => r,
         Err(e) => return sess.error(e),
     };
+    req.asking = sess.worker.shared.cluster.is_some();
     run(sess, req).await;
 });
 
@@ -254,15 +259,20 @@ pub fn request_bytes(req: &Request, found: &[Found]) -> (Vec<u8>, usize, usize) 
     encode(&mut wire, &[b"SELECT", req.db.to_string().as_bytes()]);
     replies += 1;
     let head = replies;
+    let restore: &[u8] = if req.asking {
+        b"RESTORE-ASKING"
+    } else {
+        b"RESTORE"
+    };
     for (key, payload, ttl) in found {
         let ttl = ttl.to_string();
         if req.replace {
             encode(
                 &mut wire,
-                &[b"RESTORE", key, ttl.as_bytes(), payload, b"REPLACE"],
+                &[restore, key, ttl.as_bytes(), payload, b"REPLACE"],
             );
         } else {
-            encode(&mut wire, &[b"RESTORE", key, ttl.as_bytes(), payload]);
+            encode(&mut wire, &[restore, key, ttl.as_bytes(), payload]);
         }
         replies += 1;
     }

@@ -207,6 +207,7 @@ pub fn all() -> Vec<Command> {
         c("move", 3, "write fast", K1, "generic", "1.0.0", "Moves a key to another database.", Shard(keys::move_)),
         c("dump", 2, "readonly", K1, "generic", "2.6.0", "Returns a serialized representation of the value stored at a key.", Shard(keys::dump)),
         c("restore", -4, "write denyoom", K1, "generic", "2.6.0", "Creates a key from the serialized representation of a value.", Shard(keys::restore)),
+        c("restore-asking", -4, "write denyoom", K1, "server", "3.0.0", "RESTORE for a slot being imported (what MIGRATE sends in cluster mode).", Shard(keys::restore)),
         c("keys", 2, "readonly", NONE, "generic", "1.0.0", "Returns the keys matching a pattern.", Async(keys::keys)),
         c("scan", -2, "readonly", NONE, "generic", "2.8.0", "Iterates over the keyspace with a cursor.", Async(keys::scan)),
         c("randomkey", 1, "readonly", NONE, "generic", "1.0.0", "Returns a random key.", Async(keys::randomkey)),
