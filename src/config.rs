@@ -498,7 +498,7 @@ pub static PARAMS: &[Param] = &[
             Kind::Int(0, I64MAX),
             "10",
             true,
-            false,
+            true,
         )
     },
     p("cluster-allow-replica-migration", YESNO, "yes", true, false),
@@ -511,7 +511,7 @@ pub static PARAMS: &[Param] = &[
     ),
     Param {
         alias: Some("cluster-slave-no-failover"),
-        ..p("cluster-replica-no-failover", YESNO, "no", true, false)
+        ..p("cluster-replica-no-failover", YESNO, "no", true, true)
     },
     p("cluster-link-sendbuf-limit", Kind::Memory, "0", true, false),
     p(

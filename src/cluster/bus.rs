@@ -45,6 +45,11 @@ enum Act {
     Follow(String, u16),
     /// Delete this node's keys in these slots (another node won them).
     DropSlots(Vec<usize>),
+    /// Stop replicating: this replica won its election.
+    Promote,
+    /// Pause (Some(until)) or resume (None) client writes on every thread: a master's
+    /// part of a manual failover.
+    PauseWrites(Option<u64>),
 }
 
 struct Link {
@@ -151,6 +156,23 @@ async fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
                 acts.extend(cron(&bus, &mut st, iteration));
             } else {
                 acts.extend(connect_missing(&mut st));
+            }
+            if std::mem::take(&mut st.manual_start) {
+                if let Some(m) = st.me().master {
+                    st.sent[wire::MFSTART as usize] += 1;
+                    let hd = header(&bus.shared, &st, wire::MFSTART);
+                    acts.push(Act::Send(m, wire::encode_bare(&hd, wire::MFSTART)));
+                }
+            }
+            acts.extend(election(&bus, &mut st));
+            if std::mem::take(&mut st.broadcast_pong) {
+                st.sent[wire::PONG as usize] += 1;
+                acts.push(Act::Broadcast(build_ping(
+                    &bus.shared,
+                    &mut st,
+                    wire::PONG,
+                    bus.random(),
+                )));
             }
             let save = st.save_pending;
             if let Err(e) = c.commit(&mut st, save) {
@@ -334,11 +356,14 @@ async fn perform(bus: &Rc<Bus>, link: Option<u64>, acts: Vec<Act>) {
                 crate::repl::replica::follow(&bus.shared, host, port).await;
             }
             Act::DropSlots(slots) => drop_slots(&bus.shared, slots),
+            Act::Promote => crate::repl::replica::promote(&bus.shared).await,
+            Act::PauseWrites(until) => pause_writes(&bus.shared, until),
         }
     }
 }
 
 async fn connect(bus: Rc<Bus>, id: u64, name: Name, ip: String, cport: u16, timeout: u64) {
+    let started = now_ms();
     let conn = tokio::time::timeout(
         Duration::from_millis(timeout.max(100)),
         TcpStream::connect((ip.as_str(), cport)),
@@ -353,9 +378,13 @@ async fn connect(bus: Rc<Bus>, id: u64, name: Name, ip: String, cport: u16, time
                     n.link = 0;
                     n.link_up = false;
                 }
+                // A node that cannot be reached counts as one that was pinged and did
+                // not answer: without this a node that died between pings would never
+                // be suspected (Redis does the same when its connect fails).
+                if n.ping_sent == 0 {
+                    n.ping_sent = started;
+                }
             }
-            // Redis retries at the next cron turn; a short pause keeps a dead node
-            // from costing a connect every 100 ms on each side.
             return;
         }
     };
@@ -457,6 +486,15 @@ fn cron(bus: &Bus, st: &mut State, iteration: u64) -> Vec<Act> {
         st.remove_node(&name);
     }
     acts.extend(connect_missing(st));
+    // A master paused for a manual failover pings that replica every turn, so it
+    // learns the final offset at once; the pause lapses on its own.
+    if let Some(r) = st.manual.replica {
+        if now >= st.manual.until {
+            st.manual = Default::default();
+        } else if st.nodes.get(&r).is_some_and(|n| n.link_up) {
+            acts.push(ping(&bus.shared, st, r, bus.random()));
+        }
+    }
     // Once a second, ping the node heard from longest ago among five picked at random.
     if iteration.is_multiple_of(10) {
         let candidates: Vec<Name> = st
@@ -474,7 +512,7 @@ fn cron(bus: &Bus, st: &mut State, iteration: u64) -> Vec<Act> {
             }
         }
         if let Some((_, name)) = best {
-            acts.push(ping(bus, st, name));
+            acts.push(ping(&bus.shared, st, name, bus.random()));
         }
     }
     let names: Vec<Name> = st.nodes.keys().copied().collect();
@@ -499,7 +537,7 @@ fn cron(bus: &Bus, st: &mut State, iteration: u64) -> Vec<Act> {
             continue;
         }
         if n.link_up && n.ping_sent == 0 && now.saturating_sub(n.pong_received) > timeout / 2 {
-            acts.push(ping(bus, st, name));
+            acts.push(ping(&bus.shared, st, name, bus.random()));
             continue;
         }
         let n = &st.nodes[&name];
@@ -519,7 +557,7 @@ fn cron(bus: &Bus, st: &mut State, iteration: u64) -> Vec<Act> {
     acts
 }
 
-fn ping(bus: &Bus, st: &mut State, name: Name) -> Act {
+fn ping(shared: &Shared, st: &mut State, name: Name, seed: u64) -> Act {
     let now = now_ms();
     if let Some(n) = st.nodes.get_mut(&name) {
         if n.ping_sent == 0 {
@@ -527,7 +565,7 @@ fn ping(bus: &Bus, st: &mut State, name: Name) -> Act {
         }
     }
     st.sent[wire::PING as usize] += 1;
-    Act::Send(name, build_ping(&bus.shared, st, wire::PING, bus.random()))
+    Act::Send(name, build_ping(shared, st, wire::PING, seed))
 }
 
 /// This node's header, as every message carries it.
@@ -565,7 +603,16 @@ fn header(shared: &Shared, st: &State, typ: u16) -> Header {
         cport: me.cport,
         flags: me.flags,
         state: if st.ok { 0 } else { 1 },
-        mflags: [wire::FLAG0_EXT_DATA, 0, 0],
+        mflags: [
+            wire::FLAG0_EXT_DATA
+                | if st.manual.replica.is_some() && me.is_master() {
+                    wire::FLAG0_PAUSED
+                } else {
+                    0
+                },
+            0,
+            0,
+        ],
     }
 }
 
@@ -763,7 +810,8 @@ fn process(
         .nodes
         .get(&h.sender)
         .is_some_and(|n| !n.has(flags::HANDSHAKE));
-    if is_ping && typ == wire::PONG && link.outbound == Some(h.sender) {
+    // (After a handshake the link leads to the renamed node: its first PONG counts.)
+    if is_ping && typ == wire::PONG && renamed.or(link.outbound) == Some(h.sender) {
         let n = st.nodes.get_mut(&h.sender).expect("known");
         n.pong_received = now;
         n.ping_sent = 0;
@@ -874,6 +922,52 @@ fn process(
         if let Body::Gossip(g) = &m.body {
             acts.extend(gossip_section(st, Some(sender), g));
         }
+    }
+    // A replica in a manual failover learns the offset its paused master stopped at.
+    if is_ping
+        && h.mflags[0] & wire::FLAG0_PAUSED != 0
+        && st.me().master == Some(sender)
+        && st.election.wait_for_master
+    {
+        st.election.master_offset = Some(h.offset);
+        if let Some(c) = shared.cluster.as_deref() {
+            c.wake.notify_one();
+        }
+    }
+    match typ {
+        wire::AUTH_REQUEST => acts.extend(vote_if_needed(shared, st, h)),
+        wire::MFSTART => {
+            // One of this master's replicas starts a manual failover: writes stop here
+            // so it can catch up exactly (twice the replica's 5 s to finish).
+            let mine = st.nodes[&sender].master == Some(st.myself) && st.i_am_master();
+            if mine {
+                let until = now + 10_000;
+                st.manual.replica = Some(sender);
+                st.manual.until = until;
+                tracing::info!(
+                    "Manual failover requested by replica {}.",
+                    name_str(&sender)
+                );
+                acts.push(Act::PauseWrites(Some(until)));
+                acts.push(ping(shared, st, sender, now | 1));
+            }
+        }
+        wire::AUTH_ACK => {
+            // A vote counts from a master serving slots, for this election's epoch.
+            let voter_ok = st.nodes[&sender].is_master() && st.nodes[&sender].numslots > 0;
+            if voter_ok && st.election.sent && h.current_epoch >= st.election.epoch {
+                st.election.votes += 1;
+                tracing::info!(
+                    "Failover auth granted to me by {} ({} votes)",
+                    name_str(&sender),
+                    st.election.votes
+                );
+                if let Some(c) = shared.cluster.as_deref() {
+                    c.wake.notify_one();
+                }
+            }
+        }
+        _ => {}
     }
     match &m.body {
         Body::Fail(about) if typ == wire::FAIL => {
@@ -991,6 +1085,9 @@ fn update_slots_with(
         st.migrating_to.clear();
         st.importing_from.clear();
         st.save_pending = true;
+        if st.manual.replica.take().is_some() {
+            acts.push(Act::PauseWrites(None));
+        }
         acts.push(Act::Follow(ip, port));
     } else if !dirty.is_empty() {
         acts.push(Act::DropSlots(dirty));
@@ -1161,6 +1258,200 @@ fn drop_slots(shared: &Arc<Shared>, slots: Vec<usize>) {
                 }
                 drop(sh);
                 crate::shard::after_command(w);
+            }),
+        );
+    }
+}
+
+/// A master's vote for a replica asking to replace its failed master (Redis's
+/// clusterSendFailoverAuthIfNeeded): one vote per epoch, none for a replica whose master
+/// is healthy (unless forced), none twice for one master within two node timeouts, and
+/// none when a slot it claims has a newer owner.
+fn vote_if_needed(shared: &Shared, st: &mut State, h: &Header) -> Vec<Act> {
+    let now = now_ms();
+    let me = st.me();
+    if !me.is_master() || me.numslots == 0 {
+        return Vec::new();
+    }
+    if h.current_epoch < st.current_epoch || st.last_vote_epoch == st.current_epoch {
+        return Vec::new();
+    }
+    if h.slaveof == [0; 40] {
+        return Vec::new();
+    }
+    let Some(master) = st.nodes.get(&h.slaveof) else {
+        return Vec::new();
+    };
+    let forced = h.mflags[0] & wire::FLAG0_FORCEACK != 0;
+    if !master.failed() && !forced {
+        return Vec::new();
+    }
+    if now.saturating_sub(master.voted_time) < st.node_timeout * 2 {
+        return Vec::new();
+    }
+    for slot in 0..SLOTS {
+        if h.slots[slot / 8] & (1 << (slot % 8)) == 0 {
+            continue;
+        }
+        if let Some(owner) = st.owner[slot].and_then(|o| st.nodes.get(&o)) {
+            if owner.config_epoch > h.config_epoch {
+                return Vec::new();
+            }
+        }
+    }
+    st.last_vote_epoch = st.current_epoch;
+    st.nodes.get_mut(&h.slaveof).expect("known").voted_time = now;
+    st.save_pending = true;
+    tracing::info!(
+        "Failover auth granted to {} for epoch {}",
+        name_str(&h.sender),
+        st.current_epoch
+    );
+    st.sent[wire::AUTH_ACK as usize] += 1;
+    let ack = wire::encode_bare(&header(shared, st, wire::AUTH_ACK), wire::AUTH_ACK);
+    vec![Act::Send(h.sender, ack)]
+}
+
+/// A replica's side of failover (Redis's clusterHandleSlaveFailover), run each turn:
+/// when its master has failed (or CLUSTER FAILOVER FORCE asked), wait a delay that
+/// grows with how far behind the other replicas it is, ask the masters for votes in a
+/// new epoch, and take the master's slots with a majority of them.
+fn election(bus: &Bus, st: &mut State) -> Vec<Act> {
+    let now = now_ms();
+    let me = st.me();
+    let Some(master_name) = me.master.filter(|_| me.has(flags::REPLICA)) else {
+        st.election = Default::default();
+        return Vec::new();
+    };
+    let Some(master) = st.nodes.get(&master_name) else {
+        return Vec::new();
+    };
+    let manual = st.election.forced && now < st.election.manual_until;
+    if !manual && st.election.forced {
+        st.election = Default::default();
+    }
+    if (!master.failed() && !manual) || master.numslots == 0 {
+        st.election.start_at = 0;
+        return Vec::new();
+    }
+    if st.replica_no_failover && !manual {
+        return Vec::new();
+    }
+    let repl = &bus.shared.repl;
+    let my_offset = repl.offset.load(std::sync::atomic::Ordering::Relaxed);
+    if !manual && st.replica_validity_factor > 0 {
+        // Data too old to be trusted: a replica cut off from its master for long stays
+        // out of elections.
+        let down_since = repl
+            .link_down_since_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let age = if repl.link_up() || down_since == 0 {
+            0
+        } else {
+            now.saturating_sub(down_since)
+                .saturating_sub(st.node_timeout)
+        };
+        if age > st.node_timeout * st.replica_validity_factor + 10_000 {
+            return Vec::new();
+        }
+    }
+    let auth_timeout = (st.node_timeout * 2).max(2000);
+    let retry = auth_timeout * 2;
+    let e = &st.election;
+    if e.start_at == 0 || now > e.start_at + retry {
+        let rank = st
+            .replicas_of(&master_name)
+            .iter()
+            .filter(|r| !r.has(flags::MYSELF) && r.repl_offset > my_offset)
+            .count() as u64;
+        let start = if manual {
+            now
+        } else {
+            now + 500 + bus.random() % 500 + rank * 1000
+        };
+        st.election.start_at = start;
+        st.election.sent = false;
+        st.election.votes = 0;
+        tracing::info!(
+            "Start of election delayed for {} milliseconds (rank #{rank}, offset {my_offset}).",
+            start - now
+        );
+        return Vec::new();
+    }
+    if now < e.start_at || now - e.start_at > auth_timeout {
+        return Vec::new();
+    }
+    // A plain CLUSTER FAILOVER first catches up with everything the paused master has.
+    if manual && e.wait_for_master && !e.master_offset.is_some_and(|o| my_offset >= o) {
+        return Vec::new();
+    }
+    if !e.sent {
+        st.current_epoch += 1;
+        st.election.epoch = st.current_epoch;
+        st.election.sent = true;
+        st.save_pending = true;
+        tracing::info!(
+            "Starting a failover election for epoch {}.",
+            st.current_epoch
+        );
+        let mut hd = header(&bus.shared, st, wire::AUTH_REQUEST);
+        if manual {
+            hd.mflags[0] |= wire::FLAG0_FORCEACK;
+        }
+        st.sent[wire::AUTH_REQUEST as usize] += 1;
+        return vec![Act::Broadcast(wire::encode_bare(&hd, wire::AUTH_REQUEST))];
+    }
+    if st.election.votes < st.size() / 2 + 1 {
+        return Vec::new();
+    }
+    tracing::info!("Failover election won: I'm the new master.");
+    take_over(st, master_name);
+    let epoch = st.election.epoch;
+    if epoch > st.me().config_epoch {
+        st.me_mut().config_epoch = epoch;
+    }
+    st.election = Default::default();
+    vec![Act::Promote]
+}
+
+/// This replica becomes a master serving every slot its master served, and tells
+/// everyone (CLUSTER FAILOVER TAKEOVER and a won election).
+pub fn take_over(st: &mut State, old_master: Name) {
+    let me = st.myself;
+    for slot in 0..SLOTS {
+        if st.owner[slot] == Some(old_master) {
+            st.assign(slot, me);
+        }
+    }
+    let m = st.me_mut();
+    m.flags = (m.flags & !flags::REPLICA) | flags::MASTER;
+    m.master = None;
+    st.save_pending = true;
+    st.broadcast_pong = true;
+}
+
+/// Client writes paused (or resumed) on every thread, as CLIENT PAUSE WRITE does.
+fn pause_writes(shared: &Arc<Shared>, until: Option<u64>) {
+    use crate::server::clients::Pause;
+    for target in 0..shared.nshards() {
+        shared.send(
+            target,
+            Box::new(move |w| {
+                let mut clients = w.clients.borrow_mut();
+                match until {
+                    Some(until) => {
+                        if clients.pause.until_unix_ms < until {
+                            clients.pause = Pause {
+                                until_unix_ms: until,
+                                writes_only: true,
+                            };
+                        }
+                    }
+                    None => {
+                        clients.pause = Pause::default();
+                        clients.pause_notify.notify_waiters();
+                    }
+                }
             }),
         );
     }

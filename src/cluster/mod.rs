@@ -107,6 +107,8 @@ impl Cluster {
         st.node_timeout = config.get_i64("cluster-node-timeout").max(1) as u64;
         st.require_full_coverage = config.get_bool("cluster-require-full-coverage");
         st.allow_reads_when_down = config.get_bool("cluster-allow-reads-when-down");
+        st.replica_no_failover = config.get_bool("cluster-replica-no-failover");
+        st.replica_validity_factor = config.get_i64("cluster-replica-validity-factor") as u64;
         let me = st.me_mut();
         me.hostname = config.get("cluster-announce-hostname").to_string();
         me.human_name = config.get("cluster-announce-human-nodename").to_string();

@@ -238,6 +238,41 @@ pub struct State {
     pub node_timeout: u64,
     /// MEETs asked for by CLUSTER MEET, for the bus thread to start.
     pub meets: Vec<(String, u16, u16)>,
+    /// Tell every node about this one now (after taking slots), not at the next ping.
+    pub broadcast_pong: bool,
+    /// This replica's election (Redis's failover_auth_*), and a manual failover asked
+    /// for by CLUSTER FAILOVER FORCE (the master need not be failing).
+    pub election: Election,
+    pub manual: ManualFailover,
+    /// CLUSTER FAILOVER asked this replica to send MFSTART to its master.
+    pub manual_start: bool,
+    pub replica_no_failover: bool,
+    pub replica_validity_factor: u64,
+}
+
+#[derive(Default)]
+pub struct Election {
+    /// Unix ms when this replica may ask for votes (0: no election scheduled).
+    pub start_at: u64,
+    pub sent: bool,
+    pub epoch: u64,
+    pub votes: usize,
+    /// CLUSTER FAILOVER FORCE: masters vote even though the master is not failing; and
+    /// when that request lapses.
+    pub forced: bool,
+    pub manual_until: u64,
+    /// Plain CLUSTER FAILOVER: the election waits until this replica has applied
+    /// everything its paused master reported (`master_offset`, from pings flagged
+    /// PAUSED; None until the first).
+    pub wait_for_master: bool,
+    pub master_offset: Option<u64>,
+}
+
+/// A master's side of a manual failover: writes paused until `until` for `replica`.
+#[derive(Default)]
+pub struct ManualFailover {
+    pub replica: Option<Name>,
+    pub until: u64,
 }
 
 impl State {
@@ -261,6 +296,12 @@ impl State {
             allow_reads_when_down: false,
             node_timeout: 15000,
             meets: Vec::new(),
+            broadcast_pong: false,
+            election: Election::default(),
+            manual: ManualFailover::default(),
+            manual_start: false,
+            replica_no_failover: false,
+            replica_validity_factor: 10,
         }
     }
 

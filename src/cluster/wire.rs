@@ -20,9 +20,16 @@ pub const PONG: u16 = 1;
 pub const MEET: u16 = 2;
 pub const FAIL: u16 = 3;
 pub const PUBLISH: u16 = 4;
+pub const AUTH_REQUEST: u16 = 5;
+pub const AUTH_ACK: u16 = 6;
 pub const UPDATE: u16 = 7;
+pub const MFSTART: u16 = 8;
 pub const PUBLISHSHARD: u16 = 10;
 
+/// mflags[0]: the sender is a master paused for its replica's manual failover.
+pub const FLAG0_PAUSED: u8 = 1;
+/// mflags[0]: a manual failover asks masters to vote though the master is not failing.
+pub const FLAG0_FORCEACK: u8 = 1 << 1;
 /// mflags[0]: the sender understands ping extensions.
 pub const FLAG0_EXT_DATA: u8 = 1 << 2;
 
@@ -232,6 +239,17 @@ pub fn encode_ping(h: &Header, gossip: &[Gossip], ext: &Extensions) -> Vec<u8> {
     out
 }
 
+/// A message that is its header alone (failover votes asked and given).
+pub fn encode_bare(h: &Header, typ: u16) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER);
+    let mut h = h.clone();
+    h.typ = typ;
+    h.count = 0;
+    h.extensions = 0;
+    h.encode(&mut out, HEADER);
+    out
+}
+
 pub fn encode_fail(h: &Header, about: &Name) -> Vec<u8> {
     let total = HEADER + 40;
     let mut out = Vec::with_capacity(total);
@@ -377,6 +395,12 @@ pub fn decode(b: &[u8]) -> Result<Message, String> {
                 channel: b[start..start + cl].to_vec(),
                 message: b[start + cl..start + cl + ml].to_vec(),
             }
+        }
+        AUTH_REQUEST | AUTH_ACK | MFSTART => {
+            if b.len() != HEADER {
+                return Err("invalid failover auth length".into());
+            }
+            Body::Other
         }
         _ => Body::Other,
     };

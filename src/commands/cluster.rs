@@ -424,10 +424,54 @@ async_handler!(cluster, |sess, args| {
             }
         }
         "failover" => {
-            if c.lock().i_am_master() {
+            let mode = match args.get(2) {
+                None => "",
+                Some(a) if eq_ci(a, "force") && args.len() == 3 => "force",
+                Some(a) if eq_ci(a, "takeover") && args.len() == 3 => "takeover",
+                Some(_) => return sess.error("ERR syntax error"),
+            };
+            let mut st = c.lock();
+            if st.i_am_master() {
+                drop(st);
                 return sess.error("ERR You should send CLUSTER FAILOVER to a replica");
             }
-            sess.error("ERR CLUSTER FAILOVER is not built in Kite yet (docs/cluster.md)");
+            let Some(master) = st.me().master.filter(|m| st.nodes.contains_key(m)) else {
+                drop(st);
+                return sess.error("ERR I'm a replica but my master is unknown to me");
+            };
+            let m = &st.nodes[&master];
+            if mode.is_empty() && (m.failed() || !m.link_up) {
+                drop(st);
+                return sess
+                    .error("ERR Master is down or failed, please use CLUSTER FAILOVER FORCE");
+            }
+            let now = crate::cluster::now_ms();
+            let r = match mode {
+                "takeover" => {
+                    // No agreement asked: a new epoch of its own, and the slots.
+                    bump_epoch(&mut st);
+                    crate::cluster::bus::take_over(&mut st, master);
+                    c.commit(&mut st, true)
+                }
+                _ => {
+                    st.election = crate::cluster::state::Election {
+                        forced: true,
+                        manual_until: now + 5000,
+                        wait_for_master: mode.is_empty(),
+                        ..Default::default()
+                    };
+                    if mode.is_empty() {
+                        st.manual_start = true;
+                    }
+                    Ok(())
+                }
+            };
+            drop(st);
+            if mode == "takeover" {
+                crate::repl::replica::promote(&shared).await;
+            }
+            c.wake.notify_one();
+            reply_saved(sess, r);
         }
         _ => sess.error(&format!(
             "ERR unknown subcommand '{}'. Try CLUSTER HELP.",
