@@ -783,6 +783,7 @@ fn process(
                     return (acts, None);
                 };
                 n.name = h.sender;
+                n.shard_id = h.sender;
                 n.flags &= !(flags::HANDSHAKE | flags::MEET);
                 n.flags |= h.flags & (flags::MASTER | flags::REPLICA);
                 n.data_received = now;

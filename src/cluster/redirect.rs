@@ -168,3 +168,41 @@ pub async fn resolve(c: &Cluster, sess: &Session, p: Probe) -> Option<String> {
     }
     None
 }
+
+/// A command a script calls, in cluster mode (Redis's scriptVerifyClusterState): its
+/// keys must be served here, and in one slot with the script's other keys unless the
+/// script may cross slots.
+pub fn script_access<'a>(
+    c: &Cluster,
+    keys: impl Iterator<Item = &'a [u8]>,
+    writes: bool,
+    slot: &mut Option<usize>,
+    cross_slot_ok: bool,
+) -> Result<(), &'static str> {
+    for key in keys {
+        let s = placement::slot(key);
+        if !c.view.ok() {
+            if !c.lock().allow_reads_when_down {
+                return Err("ERR Script attempted to execute a command while the cluster is down");
+            }
+            if writes {
+                return Err("ERR Script attempted to execute a write command while the cluster is down and readonly");
+            }
+        }
+        if c.view.get(s) & view::HERE == 0 {
+            return Err("ERR Script attempted to access a non local key in a cluster node");
+        }
+        if !cross_slot_ok {
+            match *slot {
+                None => *slot = Some(s),
+                Some(prev) if prev != s => {
+                    return Err(
+                        "ERR Script attempted to access keys that do not hash to the same slot",
+                    )
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}

@@ -102,7 +102,11 @@ impl Node {
             cport: 0,
             hostname: String::new(),
             human_name: String::new(),
-            shard_id: random_name(),
+            // A master's shard is named after it until a Redis 7.2 peer says otherwise
+            // (its shard-id extension): every Kite node then agrees on the id without
+            // sending the extension, which Redis 7.0 logs as unknown on every ping.
+            // Replicas take their master's.
+            shard_id: name,
             master: None,
             config_epoch: 0,
             ping_sent: 0,
@@ -433,11 +437,19 @@ impl State {
     /// One line of CLUSTER NODES (and of the config file, with `for_file`).
     pub fn describe(&self, n: &Node, for_file: bool, now: u64) -> String {
         let mut s = String::with_capacity(128);
+        let mut addr = n.addr_text();
+        if for_file {
+            // Redis 7.2's aux fields, kept in the file only.
+            if n.hostname.is_empty() {
+                addr.push(',');
+            }
+            let _ = write!(addr, ",shard-id={}", name_str(&n.shard_id));
+        }
         let _ = write!(
             s,
             "{} {} {} {} {} {} {} {}",
             name_str(&n.name),
-            n.addr_text(),
+            addr,
             n.flags_text(),
             n.master.as_ref().map_or("-", name_str),
             n.ping_sent,
@@ -453,7 +465,7 @@ impl State {
                 "disconnected"
             }
         );
-        let _ = (now, for_file);
+        let _ = now;
         if n.numslots > 0 {
             for (a, b) in n.ranges() {
                 if a == b {

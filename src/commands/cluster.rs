@@ -43,6 +43,7 @@ pub const CLUSTER_SUBCOMMANDS: &[(&str, i32, &str)] = &[
 ];
 
 const DISABLED: &str = "ERR This instance has cluster support disabled";
+const NOT_INT: &str = "ERR value is not an integer or out of range";
 
 /// CLUSTER, READONLY, READWRITE, ASKING with cluster mode off.
 pub fn disabled(sess: &mut Session, _args: &[Bytes]) {
@@ -145,6 +146,18 @@ async_handler!(cluster, |sess, args| {
     let Some(c) = shared.cluster.as_deref() else {
         return sess.error(DISABLED);
     };
+    // Subcommands whose argument count the table leaves open, as Redis words it.
+    let too_many = match sub.as_str() {
+        "reset" | "failover" => args.len() > 3,
+        "meet" => args.len() > 5,
+        _ => false,
+    };
+    if too_many {
+        return sess.error(&format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try CLUSTER HELP.",
+            String::from_utf8_lossy(&args[1]).to_ascii_uppercase()
+        ));
+    }
     match sub.as_str() {
         "info" => {
             let text = info_text(&c.lock());
@@ -193,6 +206,9 @@ async_handler!(cluster, |sess, args| {
         "links" => links_reply(sess, c),
         "keyslot" => sess.out.int(placement::slot(&args[2]) as i64),
         "countkeysinslot" => {
+            if parse_i64(&args[2]).is_err() {
+                return sess.error(NOT_INT);
+            }
             let Some(slot) = slot_arg(&args[2]) else {
                 return sess.error("ERR Invalid slot");
             };
@@ -200,6 +216,9 @@ async_handler!(cluster, |sess, args| {
             sess.out.int(n as i64);
         }
         "getkeysinslot" => {
+            if parse_i64(&args[2]).is_err() || parse_i64(&args[3]).is_err() {
+                return sess.error(NOT_INT);
+            }
             let (Some(slot), Ok(count)) = (slot_arg(&args[2]), parse_i64(&args[3])) else {
                 return sess.error("ERR Invalid slot or number of keys");
             };
@@ -388,6 +407,7 @@ async_handler!(cluster, |sess, args| {
         }
         "set-config-epoch" => {
             let epoch = match parse_i64(&args[2]) {
+                Err(_) => return sess.error(NOT_INT),
                 Ok(e) if e >= 0 => e as u64,
                 _ => {
                     return sess.error(&format!(
@@ -580,6 +600,7 @@ fn reset(st: &mut State, hard: bool) {
         let new = crate::cluster::state::random_name();
         let mut node = st.nodes.remove(&me).expect("myself");
         node.name = new;
+        node.shard_id = new;
         st.myself = new;
         st.nodes.insert(new, node);
     }
@@ -594,6 +615,9 @@ async fn flush_all(sess: &Session) {
 }
 
 async fn setslot(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
+    if c.lock().me().has(flags::REPLICA) {
+        return sess.error("ERR Please use SETSLOT only with masters.");
+    }
     let Some(slot) = slot_arg(&args[2]) else {
         return sess.error("ERR Invalid or out of range slot");
     };
@@ -603,8 +627,17 @@ async fn setslot(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
         return sess
             .error("ERR Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP");
     }
-    if c.lock().me().has(flags::REPLICA) {
-        return sess.error("ERR Please use SETSLOT only with masters.");
+    {
+        // Who owns the slot is checked before the node is looked up, as Redis does.
+        let st = c.lock();
+        let mine = st.owner[slot] == Some(st.myself);
+        drop(st);
+        if action == "migrating" && !mine {
+            return sess.error(&format!("ERR I'm not the owner of hash slot {slot}"));
+        }
+        if action == "importing" && mine {
+            return sess.error(&format!("ERR I'm already the owner of hash slot {slot}"));
+        }
     }
     let node = if want_node {
         let st = c.lock();

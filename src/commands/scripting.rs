@@ -109,6 +109,11 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             .out
             .error("ERR Can not execute a script with write flag using *_ro command.");
     }
+    if flags.no_cluster && sess.worker.shared.cluster.is_some() {
+        return sess
+            .out
+            .error("ERR Can not run script on cluster, 'no-cluster' flag is set.");
+    }
     if flags.shebang && !flags.no_writes && !flags.allow_oom && sess.over_maxmemory() {
         return sess
             .out

@@ -53,6 +53,10 @@ pub struct Running {
     pub killed: bool,
     pub user: Option<Arc<crate::acl::User>>,
     pub client_id: u64,
+    /// Cluster mode: the slot the script's keys are in so far (its declared keys' at
+    /// first), and whether its keys may span slots (no shebang, or allow-cross-slot-keys).
+    pub slot: Option<usize>,
+    pub cross_slot_ok: bool,
 }
 
 thread_local! {
@@ -137,6 +141,8 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
             killed: false,
             user: job.user.clone(),
             client_id: job.client_id,
+            slot: job.keys.first().map(|k| crate::shard::placement::slot(k)),
+            cross_slot_ok: !job.flags.shebang || job.flags.allow_cross_slot,
         })
     });
     debug_assert!(prev.is_none(), "scripts do not nest");
@@ -384,6 +390,18 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
         // PUBLISH and the like replicate, so read-only scripts may not call them either.
         if run.read_only && (cmd.has(flags::WRITE) || cmd.has(flags::MAY_REPLICATE)) {
             return Err(b"ERR Write commands are not allowed from read-only scripts.".to_vec());
+        }
+        if let Some(c) = run.worker.shared.cluster.as_deref() {
+            let writes = cmd.has(flags::WRITE);
+            let keys = cmd.key_positions(&argv);
+            crate::cluster::redirect::script_access(
+                c,
+                keys.iter().map(|&p| &argv[p][..]),
+                writes,
+                &mut run.slot,
+                run.cross_slot_ok,
+            )
+            .map_err(|e| e.as_bytes().to_vec())?;
         }
         if run.check_oom
             && !run.wrote
