@@ -2025,6 +2025,19 @@ fn replica_follows_its_master_and_serves_readonly() {
         }
         Ok(())
     });
+    // READONLY holds for as long as the connection lives, also when Kite moves it to the
+    // thread that holds the keys it keeps using (a run of reads of one key on each slot
+    // parity: at --threads 2 one of the two is on another thread).
+    for parity in [0, 1] {
+        let k = (0..50)
+            .map(|i| format!("key:{i}"))
+            .find(|k| key_slot(k.as_bytes()) % 2 == parity)
+            .expect("a key of each slot parity");
+        let want = Resp::bulk(&k[4..]);
+        for _ in 0..200 {
+            assert_eq!(bc.cmd(&["GET", &k]), want, "GET {k} with READONLY");
+        }
+    }
     assert_eq!(bc.cmd(&["SET", last, "x"]), moved(slot, a.port()));
     assert_eq!(bc.cmd(&["READWRITE"]), Resp::ok());
     assert_eq!(bc.cmd(&["GET", last]), moved(slot, a.port()));

@@ -37,6 +37,9 @@ pub struct Moving {
     acl_version: u64,
     no_touch: bool,
     reply_mode: ReplyMode,
+    /// Cluster mode's READONLY and ASKING travel with the connection.
+    readonly: bool,
+    asking: bool,
     /// Replies already owed before anything else is sent (`scripting::busy`).
     preface: Vec<u8>,
     /// The TLS session of a connection accepted on `tls-port`, not yet started.
@@ -136,6 +139,8 @@ pub fn accept_with(
         user: shared.acl.default_user(),
         no_touch: false,
         reply_mode: ReplyMode::On,
+        readonly: false,
+        asking: false,
         preface: output,
         tls,
     };
@@ -161,6 +166,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         acl_version,
         no_touch,
         reply_mode,
+        readonly,
+        asking,
         preface,
         tls,
     } = m;
@@ -225,8 +232,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         forced: Vec::new(),
         blocked_us: 0,
         last_block: None,
-        asking: false,
-        readonly: false,
+        asking,
+        readonly,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
     worker.clients.borrow_mut().remove(id);
@@ -248,6 +255,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                 sess.reply_mode,
             );
             let (user, acl_version) = (sess.user.clone(), sess.acl_version);
+            let (readonly, asking) = (sess.readonly, sess.asking);
             let stream = sess.stream.take();
             drop(sess);
             let std_stream = stream
@@ -267,6 +275,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                         acl_version,
                         no_touch,
                         reply_mode,
+                        readonly,
+                        asking,
                         preface: Vec::new(),
                         tls: None,
                     };
