@@ -5,7 +5,8 @@
 # bee-queue, Sidekiq, Celery, RQ; each installs its framework from its registry; then
 # "secure": BullMQ and Sidekiq over TLS as restricted ACL users; then "observe": queue
 # metrics, /metrics and the dashboard in headless chromium), and the
-# Sentinel failover and live-migration suite in tests/sentinel.
+# Sentinel failover and live-migration suite in tests/sentinel, and the cluster-mode
+# suite in tests/cluster.
 #
 # Works on a fresh Debian machine as root: installs what is missing (redis-server for
 # the differential tests, redis-py and pytest for the client tests) and skips what is
@@ -219,6 +220,21 @@ if [ -z "${KITE_SKIP_SENTINEL:-}" ]; then
     case "$BIN" in *redis-server) sentinel_server=redis ;; esac
     if ! KITE_BIN="$BIN" FW_SERVER="$sentinel_server" PY="$PY" bash tests/sentinel/run.sh; then
         echo "sentinel suite failed" >&2
+        exit 1
+    fi
+fi
+# --- Cluster mode (tests/cluster/run.sh) ----------------------------------------------------
+# redis-cli --cluster create of Kite nodes (3 masters, and 3 masters + 3 replicas), check,
+# redis-py's RedisCluster through a reshard and a rebalance, SIGKILL of a master and its
+# replica's election, and a Kite node joining a cluster of redis-server 7.0 nodes.
+# (tests/cluster.rs, the single-node and small-cluster replies, runs with cargo test.)
+# KITE_SKIP_CLUSTER=1 skips it.
+if [ -z "${KITE_SKIP_CLUSTER:-}" ]; then
+    log "cluster suite"
+    cluster_server=kite
+    case "$BIN" in *redis-server) cluster_server=redis ;; esac
+    if ! KITE_BIN="$BIN" FW_SERVER="$cluster_server" PY="$PY" bash tests/cluster/run.sh; then
+        echo "cluster suite failed" >&2
         exit 1
     fi
 fi

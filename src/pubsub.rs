@@ -285,6 +285,28 @@ pub fn publish(worker: &Rc<Worker>, channel: Bytes, message: Bytes) -> usize {
     here
 }
 
+/// Delivers a message another cluster node published (the bus's PUBLISH and
+/// PUBLISHSHARD) to this node's subscribers, from outside the shard threads.
+pub fn deliver_from_bus(
+    shared: &crate::shard::Shared,
+    channel: Bytes,
+    message: Bytes,
+    shard: bool,
+) {
+    for t in 0..shared.nshards() {
+        if shared.subscriptions[t].load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let (c, m) = (channel.clone(), message.clone());
+        shared.send(
+            t,
+            Box::new(move |w| {
+                deliver_here(w, &c, &m, shard);
+            }),
+        );
+    }
+}
+
 /// Publishes and counts the receivers on every thread (PUBLISH; SPUBLISH with `shard`).
 pub async fn publish_counted(
     worker: &Rc<Worker>,

@@ -139,10 +139,22 @@ async fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut iteration = 0u64;
+    let mut published = bus
+        .cluster()
+        .publish_rx
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .expect("the bus starts once");
     loop {
         let cron_turn = tokio::select! {
             _ = tick.tick() => true,
             _ = bus.cluster().wake.notified() => false,
+            Some(p) = published.recv() => {
+                let acts = publish_acts(&bus, p);
+                perform(&bus, None, acts).await;
+                continue;
+            }
         };
         let acts = {
             let c = bus.cluster();
@@ -985,6 +997,14 @@ fn process(
                 }
             }
         }
+        Body::Publish { channel, message } => {
+            crate::pubsub::deliver_from_bus(
+                shared,
+                bytes::Bytes::copy_from_slice(channel),
+                bytes::Bytes::copy_from_slice(message),
+                typ == wire::PUBLISHSHARD,
+            );
+        }
         Body::Update {
             config_epoch,
             name,
@@ -1456,4 +1476,27 @@ fn pause_writes(shared: &Arc<Shared>, until: Option<u64>) {
             }),
         );
     }
+}
+
+/// A message published here, for the nodes that should hear it: every node for PUBLISH,
+/// the other nodes of this shard (master and replicas) for SPUBLISH.
+fn publish_acts(bus: &Bus, (shard, channel, message): super::Published) -> Vec<Act> {
+    let mut st = bus.cluster().lock();
+    let typ = if shard {
+        wire::PUBLISHSHARD
+    } else {
+        wire::PUBLISH
+    };
+    let hd = header(&bus.shared, &st, typ);
+    let msg = wire::encode_publish(&hd, typ, &channel, &message);
+    st.sent[typ as usize] += 1;
+    if !shard {
+        return vec![Act::Broadcast(msg)];
+    }
+    let my_shard = st.me().shard_id;
+    st.nodes
+        .values()
+        .filter(|n| !n.has(flags::MYSELF | flags::HANDSHAKE) && n.shard_id == my_shard && n.link_up)
+        .map(|n| Act::Send(n.name, msg.clone()))
+        .collect()
 }

@@ -37,7 +37,12 @@ pub struct Cluster {
     pub cport: u16,
     /// Wakes the bus thread for work a command asked for (MEET, a config save).
     pub wake: tokio::sync::Notify,
+    /// PUBLISH and SPUBLISH for the other nodes: (shard only, channel, message).
+    publish_tx: tokio::sync::mpsc::UnboundedSender<Published>,
+    pub publish_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Published>>>,
 }
+
+pub type Published = (bool, bytes::Bytes, bytes::Bytes);
 
 impl Cluster {
     /// Reads `cluster-config-file` (or starts a new node) when `cluster-enabled` is on.
@@ -69,6 +74,7 @@ impl Cluster {
             me.cport = cport;
             me.pport = config.get_i64("tls-port") as u16;
         }
+        let (publish_tx, publish_rx) = tokio::sync::mpsc::unbounded_channel();
         let cluster = Cluster {
             state: Mutex::new(st),
             view: Default::default(),
@@ -76,6 +82,8 @@ impl Cluster {
             port,
             cport,
             wake: tokio::sync::Notify::new(),
+            publish_tx,
+            publish_rx: Mutex::new(Some(publish_rx)),
         };
         {
             let mut st = cluster.lock();
@@ -96,6 +104,12 @@ impl Cluster {
             cluster.save_now(&st)?;
         }
         Ok(Some(cluster))
+    }
+
+    /// Hands a message published here to the bus: every node hears a PUBLISH, the
+    /// nodes of this node's shard an SPUBLISH.
+    pub fn publish(&self, shard: bool, channel: bytes::Bytes, message: bytes::Bytes) {
+        let _ = self.publish_tx.send((shard, channel, message));
     }
 
     pub fn lock(&self) -> MutexGuard<'_, state::State> {

@@ -282,8 +282,8 @@ pub fn encode_update(
 }
 
 pub fn encode_publish(h: &Header, typ: u16, channel: &[u8], message: &[u8]) -> Vec<u8> {
-    // The body's placeholder is 8 bytes in Redis's struct; the length counts it out.
-    let total = (HEADER + 8 + channel.len() + message.len()).max(HEADER + 16);
+    // Redis's struct has an 8-byte placeholder for the data; the length leaves it out.
+    let total = HEADER + 8 + channel.len() + message.len();
     let mut out = Vec::with_capacity(total);
     let mut h = h.clone();
     h.typ = typ;

@@ -162,7 +162,10 @@ pub fn sunsubscribe(sess: &mut Session, args: &[Bytes]) {
 async_handler!(spublish, |sess, args| {
     let n =
         crate::pubsub::publish_counted(&sess.worker, args[1].clone(), args[2].clone(), true).await;
-    if !sess.replaying {
+    if let Some(c) = &sess.worker.shared.cluster {
+        // In cluster mode the other nodes of this shard hear it over the bus.
+        c.publish(true, args[1].clone(), args[2].clone());
+    } else if !sess.replaying {
         crate::repl::master::propagate_publish(&sess.worker, &args);
     }
     sess.out.int(n as i64);
@@ -172,8 +175,11 @@ async_handler!(publish, |sess, args| {
     let n =
         crate::pubsub::publish_counted(&sess.worker, args[1].clone(), args[2].clone(), false).await;
     // As Redis does, a master's messages reach its replicas' subscribers through the
-    // replication stream (never the AOF).
-    if !sess.replaying {
+    // replication stream (never the AOF); in cluster mode every node hears it over the
+    // bus instead.
+    if let Some(c) = &sess.worker.shared.cluster {
+        c.publish(false, args[1].clone(), args[2].clone());
+    } else if !sess.replaying {
         crate::repl::master::propagate_publish(&sess.worker, &args);
     }
     sess.out.int(n as i64);
