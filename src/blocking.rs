@@ -1306,9 +1306,14 @@ fn write_outcome(sess: &mut Session, outcome: Outcome) {
     match outcome {
         Outcome::Served(reply) => sess.out.raw(&reply),
         Outcome::Ended(Ended::Timeout) => sess.out.null_array(),
-        Outcome::Ended(Ended::UnblockedWithError) => sess
-            .out
-            .error("UNBLOCKED client unblocked via CLIENT UNBLOCK"),
+        Outcome::Ended(Ended::UnblockedWithError) => {
+            match sess.handle.unblock_error.borrow_mut().take() {
+                Some(e) => sess.out.error(&e),
+                None => sess
+                    .out
+                    .error("UNBLOCKED client unblocked via CLIENT UNBLOCK"),
+            }
+        }
         Outcome::Ended(Ended::ClientGone) => {}
         Outcome::Error(e) => sess.out.error(e),
     }
@@ -1359,6 +1364,15 @@ pub async fn block(
     let worker = sess.worker.clone();
     let db = sess.db;
     let resp3 = sess.out.resp3;
+    if worker.shared.cluster.is_some() {
+        if let Some(k) = keys.first() {
+            let read = matches!(&op, BlockOp::XRead { group: None, .. });
+            let slot = crate::shard::placement::slot(k) as u16;
+            sess.handle
+                .blocked_slot
+                .set(Some((slot, read && sess.readonly)));
+        }
+    }
     let op = Arc::new(op);
     let claim = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::unbounded_channel::<Delivery>();
@@ -1664,6 +1678,7 @@ async fn wait(
         break Ok(d);
     };
     handle.blocked.set(false);
+    handle.blocked_slot.set(None);
     handle.info.borrow_mut().blocked = false;
     sess.worker.clients.borrow_mut().blocked -= 1;
     if matches!(result, Err(Ended::ClientGone)) {

@@ -2103,3 +2103,47 @@ fn replica_follows_its_master_and_serves_readonly() {
     );
     assert_eq!(ac.cmd(&["CLUSTER", "COUNT-FAILURE-REPORTS", &idb]), int(0));
 }
+
+/// A client blocked on a key whose slot moves to another node is answered with the
+/// redirection (Redis's clusterRedirectBlockedClientIfNeeded), so a queue worker finds
+/// the new owner instead of waiting on a node that will never see a push.
+#[test]
+fn blocked_client_is_redirected_when_its_slot_moves() {
+    let (a, b) = two_masters();
+    let key = key_in_slot(100, "queue");
+    let slot = key_slot(key.as_bytes());
+    let mut blocked = a.c();
+    blocked.send(&["BLPOP", &key, "0"]);
+    let mut ac = a.c();
+    wait_for("the BLPOP to block", CONVERGE, || {
+        let info = text(&ac.cmd(&["INFO", "clients"]), "INFO clients");
+        match parse_fields(&info)
+            .get("blocked_clients")
+            .map(String::as_str)
+        {
+            Some("1") => Ok(()),
+            other => Err(format!("blocked_clients {other:?}")),
+        }
+    });
+    // The slot (empty) moves from A to B, as redis-cli --cluster reshard ends a move.
+    let idb = b.id();
+    let s = slot.to_string();
+    assert_eq!(
+        b.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &a.id()]),
+        Resp::ok()
+    );
+    assert_eq!(
+        ac.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &idb]),
+        Resp::ok()
+    );
+    assert_eq!(b.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &idb]), Resp::ok());
+    assert_eq!(
+        ac.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &idb]),
+        Resp::ok()
+    );
+    blocked.set_timeout(Some(CONVERGE));
+    assert_eq!(blocked.read(), moved(slot, b.port()));
+    // And the key is B's now.
+    assert_eq!(ac.cmd(&["LPUSH", &key, "job"]), moved(slot, b.port()));
+    assert_eq!(b.cmd(&["LPUSH", &key, "job"]), int(1));
+}

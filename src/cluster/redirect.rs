@@ -206,3 +206,39 @@ pub fn script_access<'a>(
     }
     Ok(())
 }
+
+/// Clients blocked on a key whose slot is no longer served here (moved by a reshard or a
+/// failover, or the cluster went down) are answered with the redirection, so a queue
+/// worker reconnects to the right node (Redis's clusterRedirectBlockedClientIfNeeded).
+/// Run by each thread's housekeeping for its own connections.
+pub fn redirect_blocked(c: &Cluster, worker: &crate::shard::Worker) {
+    let clients = worker.clients.borrow();
+    for h in clients.map.values() {
+        if !h.blocked.get() {
+            continue;
+        }
+        let Some((slot, replica_read)) = h.blocked_slot.get() else {
+            continue;
+        };
+        let slot = slot as usize;
+        let msg = if !c.view.ok() {
+            Some(DOWN.to_string())
+        } else {
+            let v = c.view.get(slot);
+            let served = v & (view::HERE | view::IMPORTING) != 0
+                || (replica_read && v & view::MY_MASTER != 0);
+            if served {
+                None
+            } else if v & view::ELSEWHERE == 0 {
+                Some(UNBOUND.to_string())
+            } else {
+                Some(moved(c, "MOVED", slot))
+            }
+        };
+        if let Some(msg) = msg {
+            *h.unblock_error.borrow_mut() = Some(msg);
+            h.unblock.set(Some(true));
+            h.wake.notify_one();
+        }
+    }
+}

@@ -165,6 +165,12 @@ pub struct ClientHandle {
     pub blocked: Cell<bool>,
     /// Set by CLIENT UNBLOCK: Some(true) to fail with an error, Some(false) to time out.
     pub unblock: Cell<Option<bool>>,
+    /// The error to fail with instead of CLIENT UNBLOCK's (cluster mode: the blocked
+    /// key's slot moved to another node).
+    pub unblock_error: RefCell<Option<String>>,
+    /// Cluster mode: the slot of the first key a blocked call waits on, and whether a
+    /// replica may keep serving it (a READONLY connection's read).
+    pub blocked_slot: Cell<Option<(u16, bool)>>,
     /// Waiting for a request with nothing buffered: a busy script's hook may answer it
     /// (`scripting::busy`).
     pub idle_read: Cell<bool>,
@@ -195,6 +201,8 @@ impl ClientHandle {
             last_active: Cell::new(unix_ms()),
             blocked: Cell::new(false),
             unblock: Cell::new(None),
+            unblock_error: RefCell::new(None),
+            blocked_slot: Cell::new(None),
             idle_read: Cell::new(false),
             resp_confirmed: Cell::new(false),
             hook_in: RefCell::new(bytes::BytesMut::new()),

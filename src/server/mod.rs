@@ -239,6 +239,9 @@ async fn housekeeping(worker: Rc<Worker>) {
         observe_queues(&worker, now, ticks.is_multiple_of(10));
         close_idle_clients(&worker);
         evict_clients(&worker);
+        if let Some(c) = worker.shared.cluster.as_deref() {
+            crate::cluster::redirect::redirect_blocked(c, &worker);
+        }
         if worker.id == 0 {
             crate::memory::refresh(&worker.shared);
         }
