@@ -712,9 +712,11 @@ async fn setslot(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
             let was_importing = st.importing_from.contains_key(&slot);
             if n == me && was_importing {
                 // Redis bumps the epoch without agreement when an import ends here, so
-                // the new owner's claim wins over the old owner's.
+                // the new owner's claim wins over the old owner's, and tells every node
+                // at once rather than at their next pings.
                 st.importing_from.remove(&slot);
                 bump_epoch(&mut st);
+                st.broadcast_pong = true;
             }
             st.assign(slot, n);
             let r = c.commit(&mut st, true);
