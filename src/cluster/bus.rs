@@ -30,7 +30,7 @@ const FAIL_UNDO_MULT: u64 = 2;
 const FAIL_REPORT_VALIDITY_MULT: u64 = 2;
 
 /// What handling a message or a cron turn asks for once the lock is released.
-enum Act {
+pub(super) enum Act {
     /// Write on the link the message came from.
     Reply(Vec<u8>),
     /// Write on every connected outbound link.
@@ -56,8 +56,8 @@ struct Link {
     tx: mpsc::UnboundedSender<Vec<u8>>,
 }
 
-struct Bus {
-    shared: Arc<Shared>,
+pub(super) struct Bus {
+    pub(super) shared: Arc<Shared>,
     links: RefCell<HashMap<u64, Link>>,
     next_link: std::cell::Cell<u64>,
     rng: std::cell::Cell<u64>,
@@ -74,7 +74,7 @@ impl Bus {
         id
     }
 
-    fn random(&self) -> u64 {
+    pub(super) fn random(&self) -> u64 {
         let mut x = self.rng.get();
         x ^= x << 13;
         x ^= x >> 7;
@@ -176,7 +176,7 @@ async fn run(shared: Arc<Shared>, listeners: Vec<std::net::TcpListener>) {
                     acts.push(Act::Send(m, wire::encode_bare(&hd, wire::MFSTART)));
                 }
             }
-            acts.extend(election(&bus, &mut st));
+            acts.extend(super::failover::election(&bus, &mut st));
             if std::mem::take(&mut st.broadcast_pong) {
                 st.sent[wire::PONG as usize] += 1;
                 acts.push(Act::Broadcast(build_ping(
@@ -369,7 +369,7 @@ async fn perform(bus: &Rc<Bus>, link: Option<u64>, acts: Vec<Act>) {
             }
             Act::DropSlots(slots) => drop_slots(&bus.shared, slots),
             Act::Promote => crate::repl::replica::promote(&bus.shared).await,
-            Act::PauseWrites(until) => pause_writes(&bus.shared, until),
+            Act::PauseWrites(until) => super::failover::pause_writes(&bus.shared, until),
         }
     }
 }
@@ -581,7 +581,7 @@ fn ping(shared: &Shared, st: &mut State, name: Name, seed: u64) -> Act {
 }
 
 /// This node's header, as every message carries it.
-fn header(shared: &Shared, st: &State, typ: u16) -> Header {
+pub(super) fn header(shared: &Shared, st: &State, typ: u16) -> Header {
     let me = st.me();
     let master = me
         .master
@@ -948,7 +948,7 @@ fn process(
         }
     }
     match typ {
-        wire::AUTH_REQUEST => acts.extend(vote_if_needed(shared, st, h)),
+        wire::AUTH_REQUEST => acts.extend(super::failover::vote_if_needed(shared, st, h)),
         wire::MFSTART => {
             // One of this master's replicas starts a manual failover: writes stop here
             // so it can catch up exactly (twice the replica's 5 s to finish).
@@ -1279,200 +1279,6 @@ fn drop_slots(shared: &Arc<Shared>, slots: Vec<usize>) {
                 }
                 drop(sh);
                 crate::shard::after_command(w);
-            }),
-        );
-    }
-}
-
-/// A master's vote for a replica asking to replace its failed master (Redis's
-/// clusterSendFailoverAuthIfNeeded): one vote per epoch, none for a replica whose master
-/// is healthy (unless forced), none twice for one master within two node timeouts, and
-/// none when a slot it claims has a newer owner.
-fn vote_if_needed(shared: &Shared, st: &mut State, h: &Header) -> Vec<Act> {
-    let now = now_ms();
-    let me = st.me();
-    if !me.is_master() || me.numslots == 0 {
-        return Vec::new();
-    }
-    if h.current_epoch < st.current_epoch || st.last_vote_epoch == st.current_epoch {
-        return Vec::new();
-    }
-    if h.slaveof == [0; 40] {
-        return Vec::new();
-    }
-    let Some(master) = st.nodes.get(&h.slaveof) else {
-        return Vec::new();
-    };
-    let forced = h.mflags[0] & wire::FLAG0_FORCEACK != 0;
-    if !master.failed() && !forced {
-        return Vec::new();
-    }
-    if now.saturating_sub(master.voted_time) < st.node_timeout * 2 {
-        return Vec::new();
-    }
-    for slot in 0..SLOTS {
-        if h.slots[slot / 8] & (1 << (slot % 8)) == 0 {
-            continue;
-        }
-        if let Some(owner) = st.owner[slot].and_then(|o| st.nodes.get(&o)) {
-            if owner.config_epoch > h.config_epoch {
-                return Vec::new();
-            }
-        }
-    }
-    st.last_vote_epoch = st.current_epoch;
-    st.nodes.get_mut(&h.slaveof).expect("known").voted_time = now;
-    st.save_pending = true;
-    tracing::info!(
-        "Failover auth granted to {} for epoch {}",
-        name_str(&h.sender),
-        st.current_epoch
-    );
-    st.sent[wire::AUTH_ACK as usize] += 1;
-    let ack = wire::encode_bare(&header(shared, st, wire::AUTH_ACK), wire::AUTH_ACK);
-    vec![Act::Send(h.sender, ack)]
-}
-
-/// A replica's side of failover (Redis's clusterHandleSlaveFailover), run each turn:
-/// when its master has failed (or CLUSTER FAILOVER FORCE asked), wait a delay that
-/// grows with how far behind the other replicas it is, ask the masters for votes in a
-/// new epoch, and take the master's slots with a majority of them.
-fn election(bus: &Bus, st: &mut State) -> Vec<Act> {
-    let now = now_ms();
-    let me = st.me();
-    let Some(master_name) = me.master.filter(|_| me.has(flags::REPLICA)) else {
-        st.election = Default::default();
-        return Vec::new();
-    };
-    let Some(master) = st.nodes.get(&master_name) else {
-        return Vec::new();
-    };
-    let manual = st.election.forced && now < st.election.manual_until;
-    if !manual && st.election.forced {
-        st.election = Default::default();
-    }
-    if (!master.failed() && !manual) || master.numslots == 0 {
-        st.election.start_at = 0;
-        return Vec::new();
-    }
-    if st.replica_no_failover && !manual {
-        return Vec::new();
-    }
-    let repl = &bus.shared.repl;
-    let my_offset = repl.offset.load(std::sync::atomic::Ordering::Relaxed);
-    if !manual && st.replica_validity_factor > 0 {
-        // Data too old to be trusted: a replica cut off from its master for long stays
-        // out of elections.
-        let down_since = repl
-            .link_down_since_ms
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let age = if repl.link_up() || down_since == 0 {
-            0
-        } else {
-            now.saturating_sub(down_since)
-                .saturating_sub(st.node_timeout)
-        };
-        if age > st.node_timeout * st.replica_validity_factor + 10_000 {
-            return Vec::new();
-        }
-    }
-    let auth_timeout = (st.node_timeout * 2).max(2000);
-    let retry = auth_timeout * 2;
-    let e = &st.election;
-    if e.start_at == 0 || now > e.start_at + retry {
-        let rank = st
-            .replicas_of(&master_name)
-            .iter()
-            .filter(|r| !r.has(flags::MYSELF) && r.repl_offset > my_offset)
-            .count() as u64;
-        let start = if manual {
-            now
-        } else {
-            now + 500 + bus.random() % 500 + rank * 1000
-        };
-        st.election.start_at = start;
-        st.election.sent = false;
-        st.election.votes = 0;
-        tracing::info!(
-            "Start of election delayed for {} milliseconds (rank #{rank}, offset {my_offset}).",
-            start - now
-        );
-        return Vec::new();
-    }
-    if now < e.start_at || now - e.start_at > auth_timeout {
-        return Vec::new();
-    }
-    // A plain CLUSTER FAILOVER first catches up with everything the paused master has.
-    if manual && e.wait_for_master && !e.master_offset.is_some_and(|o| my_offset >= o) {
-        return Vec::new();
-    }
-    if !e.sent {
-        st.current_epoch += 1;
-        st.election.epoch = st.current_epoch;
-        st.election.sent = true;
-        st.save_pending = true;
-        tracing::info!(
-            "Starting a failover election for epoch {}.",
-            st.current_epoch
-        );
-        let mut hd = header(&bus.shared, st, wire::AUTH_REQUEST);
-        if manual {
-            hd.mflags[0] |= wire::FLAG0_FORCEACK;
-        }
-        st.sent[wire::AUTH_REQUEST as usize] += 1;
-        return vec![Act::Broadcast(wire::encode_bare(&hd, wire::AUTH_REQUEST))];
-    }
-    if st.election.votes < st.size() / 2 + 1 {
-        return Vec::new();
-    }
-    tracing::info!("Failover election won: I'm the new master.");
-    take_over(st, master_name);
-    let epoch = st.election.epoch;
-    if epoch > st.me().config_epoch {
-        st.me_mut().config_epoch = epoch;
-    }
-    st.election = Default::default();
-    vec![Act::Promote]
-}
-
-/// This replica becomes a master serving every slot its master served, and tells
-/// everyone (CLUSTER FAILOVER TAKEOVER and a won election).
-pub fn take_over(st: &mut State, old_master: Name) {
-    let me = st.myself;
-    for slot in 0..SLOTS {
-        if st.owner[slot] == Some(old_master) {
-            st.assign(slot, me);
-        }
-    }
-    let m = st.me_mut();
-    m.flags = (m.flags & !flags::REPLICA) | flags::MASTER;
-    m.master = None;
-    st.save_pending = true;
-    st.broadcast_pong = true;
-}
-
-/// Client writes paused (or resumed) on every thread, as CLIENT PAUSE WRITE does.
-fn pause_writes(shared: &Arc<Shared>, until: Option<u64>) {
-    use crate::server::clients::Pause;
-    for target in 0..shared.nshards() {
-        shared.send(
-            target,
-            Box::new(move |w| {
-                let mut clients = w.clients.borrow_mut();
-                match until {
-                    Some(until) => {
-                        if clients.pause.until_unix_ms < until {
-                            clients.pause = Pause {
-                                until_unix_ms: until,
-                                writes_only: true,
-                            };
-                        }
-                    }
-                    None => {
-                        clients.pause = Pause::default();
-                        clients.pause_notify.notify_waiters();
-                    }
-                }
             }),
         );
     }

@@ -8,6 +8,7 @@
 //! shards, and moving keys is MIGRATE's work.
 
 pub mod bus;
+pub mod failover;
 pub mod nodes_conf;
 pub mod redirect;
 pub mod state;

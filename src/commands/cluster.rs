@@ -450,43 +450,10 @@ async_handler!(cluster, |sess, args| {
                 Some(a) if eq_ci(a, "takeover") && args.len() == 3 => "takeover",
                 Some(_) => return sess.error("ERR syntax error"),
             };
-            let mut st = c.lock();
-            if st.i_am_master() {
-                drop(st);
-                return sess.error("ERR You should send CLUSTER FAILOVER to a replica");
-            }
-            let Some(master) = st.me().master.filter(|m| st.nodes.contains_key(m)) else {
-                drop(st);
-                return sess.error("ERR I'm a replica but my master is unknown to me");
+            let r = match failover_request(c, mode) {
+                Ok(r) => r,
+                Err(e) => return sess.error(e),
             };
-            let m = &st.nodes[&master];
-            if mode.is_empty() && (m.failed() || !m.link_up) {
-                drop(st);
-                return sess
-                    .error("ERR Master is down or failed, please use CLUSTER FAILOVER FORCE");
-            }
-            let now = crate::cluster::now_ms();
-            let r = match mode {
-                "takeover" => {
-                    // No agreement asked: a new epoch of its own, and the slots.
-                    bump_epoch(&mut st);
-                    crate::cluster::bus::take_over(&mut st, master);
-                    c.commit(&mut st, true)
-                }
-                _ => {
-                    st.election = crate::cluster::state::Election {
-                        forced: true,
-                        manual_until: now + 5000,
-                        wait_for_master: mode.is_empty(),
-                        ..Default::default()
-                    };
-                    if mode.is_empty() {
-                        st.manual_start = true;
-                    }
-                    Ok(())
-                }
-            };
-            drop(st);
             if mode == "takeover" {
                 crate::repl::replica::promote(&shared).await;
             }
@@ -499,6 +466,42 @@ async_handler!(cluster, |sess, args| {
         )),
     }
 });
+
+/// CLUSTER FAILOVER's checks and state change (the caller stops replicating for
+/// TAKEOVER). Err is the reply refusing it.
+fn failover_request(c: &Cluster, mode: &str) -> Result<Result<(), String>, &'static str> {
+    let mut st = c.lock();
+    if st.i_am_master() {
+        return Err("ERR You should send CLUSTER FAILOVER to a replica");
+    }
+    let Some(master) = st.me().master.filter(|m| st.nodes.contains_key(m)) else {
+        return Err("ERR I'm a replica but my master is unknown to me");
+    };
+    let m = &st.nodes[&master];
+    if mode.is_empty() && (m.failed() || !m.link_up) {
+        return Err("ERR Master is down or failed, please use CLUSTER FAILOVER FORCE");
+    }
+    let now = crate::cluster::now_ms();
+    Ok(match mode {
+        "takeover" => {
+            // No agreement asked: a new epoch of its own, and the slots.
+            bump_epoch(&mut st);
+            crate::cluster::failover::take_over(&mut st, master);
+            c.commit(&mut st, true)
+        }
+        _ => {
+            st.election = crate::cluster::state::Election {
+                forced: true,
+                manual_until: now + 5000,
+                wait_for_master: mode.is_empty(),
+                ..Default::default()
+            };
+            // A plain FAILOVER first asks the master to pause its writes (MFSTART).
+            st.manual_start = mode.is_empty();
+            Ok(())
+        }
+    })
+}
 
 fn reply_saved(sess: &mut Session, r: Result<(), String>) {
     match r {

@@ -31,7 +31,7 @@ pub fn run(
     // The dataset on disk is read while clients already connect (they get -LOADING).
     crate::persist::load::load_at_startup(shared.clone());
     // Cluster mode: the bus listens from the start (docs/cluster.md).
-    crate::cluster::bus::start(shared.clone()).map_err(|e| std::io::Error::other(e))?;
+    crate::cluster::bus::start(shared.clone()).map_err(std::io::Error::other)?;
     // The `replicaof` line: follow that master from the start (the link waits for the
     // threads' mailboxes, set above).
     let replicaof = shared
