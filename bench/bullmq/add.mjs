@@ -5,12 +5,18 @@
 //
 // node add.mjs --host 127.0.0.1 --port 6379 [--pid PID] [--queues 4] [--workers 4]
 //              [--concurrency 32] [--seconds 10] [--hashtag] [--max-seconds 120]
+//
+// Redis Cluster: --cluster host:port[,host:port...] (startup nodes, instead of --host and
+// --port) makes every connection an ioredis Cluster; it needs --hashtag, and each queue's
+// tag is chosen so that the queues spread evenly over the masters (queue i on master
+// i % N). --pid then takes the nodes' pids, comma-separated; their CPU is summed.
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
-import { parseArgs, serverCpu } from './common.mjs';
+import { parseArgs, serverCpu, clusterClient, spreadTags } from './common.mjs';
 import { Queue } from 'bullmq';
 import IORedis from 'ioredis';
 
 function queueSpec(o, run, i) {
+  if (o.tags) return { name: `add${i}`, prefix: `{${o.tags[i]}}` };
   return o.hashtag
     ? { name: `add${i}`, prefix: `{kb${run}q${i}}` }
     : { name: `kb${run}q${i}`, prefix: 'bull' };
@@ -20,7 +26,9 @@ if (isMainThread) {
   const o = parseArgs(process.argv.slice(2), { queues: 4, workers: 4, concurrency: 32, seconds: 10 });
   o.seconds = Math.min(o.seconds, o.maxSeconds);
   const out = (obj) => console.log(JSON.stringify({ workload: 'bullmq-add', ...obj }));
-  const probe = new IORedis({ host: o.host, port: o.port, maxRetriesPerRequest: 1, lazyConnect: true });
+  const probe = o.cluster
+    ? clusterClient(o, { maxRetriesPerRequest: 1 }, { lazyConnect: true })
+    : new IORedis({ host: o.host, port: o.port, maxRetriesPerRequest: 1, lazyConnect: true });
   await probe.connect();
   try {
     await probe.eval('return 1', 0);
@@ -31,6 +39,8 @@ if (isMainThread) {
     process.exit(3);
   }
   const run = `${process.pid}${Date.now() % 100000}`;
+  const spread = o.cluster ? await spreadTags(probe, o.queues, (i) => `kb${run}q${i}`) : null;
+  if (spread) o.tags = spread.tags;
   const workers = [];
   const ready = [];
   const results = [];
@@ -60,7 +70,8 @@ if (isMainThread) {
   // Clean up the jobs this run added.
   for (let i = 0; i < o.queues; i++) {
     const spec = queueSpec(o, run, i);
-    const q = new Queue(spec.name, { prefix: spec.prefix, connection: { host: o.host, port: o.port } });
+    const connection = o.cluster ? probe : { host: o.host, port: o.port };
+    const q = new Queue(spec.name, { prefix: spec.prefix, connection });
     try { await q.obliterate({ force: true }); } catch { /* best effort */ }
     await q.close();
   }
@@ -69,6 +80,8 @@ if (isMainThread) {
   out({
     queues: o.queues, workers: o.workers, concurrency: o.concurrency, hashtag: o.hashtag,
     prefix: o.hashtag ? '{kb<run>q<i>}' : 'bull',
+    ...(spread ? { prefix: '{kb<run>q<i>[.<k>]}', cluster: o.cluster,
+                   masters: spread.masters.length, queues_per_master: spread.perMaster } : {}),
     operations: adds, errors, seconds, ops_per_s: adds / seconds,
     server_cpu_s: serverCpuS,
     server_cpu_us_per_op: serverCpuS !== null && adds > 0 ? serverCpuS * 1e6 / adds : null,
@@ -78,11 +91,17 @@ if (isMainThread) {
 } else {
   const { o, run, w } = workerData;
   const queues = [];
+  const clusters = []; // --cluster: one ioredis Cluster per Queue, as IORedis is without it
   for (let i = 0; i < o.queues; i++) {
     const spec = queueSpec(o, run, i);
+    let connection = { host: o.host, port: o.port, maxRetriesPerRequest: null };
+    if (o.cluster) {
+      connection = clusterClient(o, { maxRetriesPerRequest: null });
+      clusters.push(connection);
+    }
     queues.push(new Queue(spec.name, {
       prefix: spec.prefix,
-      connection: { host: o.host, port: o.port, maxRetriesPerRequest: null },
+      connection,
     }));
   }
   await Promise.all(queues.map((q) => q.waitUntilReady()));
@@ -108,5 +127,6 @@ if (isMainThread) {
   }
   await Promise.all(Array.from({ length: o.concurrency }, loop));
   await Promise.all(queues.map((q) => q.close()));
+  for (const c of clusters) c.disconnect();
   parentPort.postMessage({ done: true, adds, errors, lastError });
 }
