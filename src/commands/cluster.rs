@@ -660,34 +660,18 @@ async fn setslot(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
         None
     };
     match action.as_str() {
-        "migrating" => {
+        "migrating" | "importing" => {
             let mut st = c.lock();
-            if st.owner[slot] != Some(st.myself) {
-                drop(st);
-                return sess.error(&format!("ERR I'm not the owner of hash slot {slot}"));
-            }
             let n = node.expect("node");
             if !st.nodes[&n].is_master() {
                 drop(st);
                 return sess.error("ERR Target node is not a master");
             }
-            st.migrating_to.insert(slot, n);
-            let r = c.commit(&mut st, true);
-            drop(st);
-            reply_saved(sess, r);
-        }
-        "importing" => {
-            let mut st = c.lock();
-            if st.owner[slot] == Some(st.myself) {
-                drop(st);
-                return sess.error(&format!("ERR I'm already the owner of hash slot {slot}"));
+            if action == "migrating" {
+                st.migrating_to.insert(slot, n);
+            } else {
+                st.importing_from.insert(slot, n);
             }
-            let n = node.expect("node");
-            if !st.nodes[&n].is_master() {
-                drop(st);
-                return sess.error("ERR Target node is not a master");
-            }
-            st.importing_from.insert(slot, n);
             let r = c.commit(&mut st, true);
             drop(st);
             reply_saved(sess, r);
