@@ -6,7 +6,12 @@
 #                   `failover`)
 #   test_mixed.py   a Kite node added to a cluster of redis-server nodes, slots resharded to
 #                   it and back
-# Installs what is missing (redis-server and redis-cli, redis-py and pytest). Extra
+#   test_bullmq.py  BullMQ (bullmq_cluster.mjs: producer and worker on ioredis Cluster, queue
+#                   prefix in a hash tag) while the queue's slot is resharded to another
+#                   master and that master is then killed with SIGKILL (marker `failover`);
+#                   every acknowledged job must complete
+# Installs what is missing (redis-server and redis-cli, node with the pinned bullmq 6.7.0 and
+# ioredis 6.0.0 of package.json, redis-py and pytest). Extra
 # arguments go to pytest (e.g. -k mixed, -x, -m 'not failover'). Environment: KITE_BIN,
 # FW_SERVER=redis (run every Kite node as redis-server: checks the tests), REDIS_SERVER /
 # REDIS_CLI (the Redis binaries; default: from PATH), PY (a python with redis>=5 and
@@ -23,6 +28,7 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 fw_log "redis-server: $(${REDIS_SERVER:-redis-server} --version | head -n 1)"
 fw_log "redis-cli: $(${REDIS_CLI:-redis-cli} --version | head -n 1)"
+fw_npm_ci "$HERE"
 if [ "$FW_SERVER" != "redis" ] && [ ! -x "$KITE_BIN" ]; then
     echo "Kite binary not found at $KITE_BIN: cargo build --release" >&2
     exit 1
