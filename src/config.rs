@@ -501,7 +501,7 @@ pub static PARAMS: &[Param] = &[
             true,
         )
     },
-    p("cluster-allow-replica-migration", YESNO, "yes", true, false),
+    p("cluster-allow-replica-migration", YESNO, "yes", true, true),
     p(
         "cluster-migration-barrier",
         Kind::Int(0, I64MAX),

@@ -2147,3 +2147,60 @@ fn blocked_client_is_redirected_when_its_slot_moves() {
     assert_eq!(ac.cmd(&["LPUSH", &key, "job"]), moved(slot, b.port()));
     assert_eq!(b.cmd(&["LPUSH", &key, "job"]), int(1));
 }
+
+/// A master that gives its last slot away becomes a replica of the node that took it
+/// (cluster-allow-replica-migration, on by default), as `redis-cli --cluster reshard`
+/// emptying a master leaves it in Redis 7.
+#[test]
+fn master_emptied_by_setslot_node_becomes_a_replica() {
+    let a = Node::start(&[]);
+    let b = Node::start(&[]);
+    a.meet(&b);
+    wait_all_know_each_other(&[&a, &b]);
+    assert_eq!(a.cmd(&["CLUSTER", "ADDSLOTS", "0"]), Resp::ok());
+    assert_eq!(
+        b.cmd(&["CLUSTER", "ADDSLOTSRANGE", "1", "16383"]),
+        Resp::ok()
+    );
+    let (ida, idb) = (a.id(), b.id());
+    wait_for("B to see A with slot 0", CONVERGE, || {
+        let seen = b.nodes().into_iter().find(|l| l.id == ida).unwrap();
+        if seen.slots == ["0"] {
+            Ok(())
+        } else {
+            Err(seen.raw)
+        }
+    });
+    assert_eq!(
+        b.cmd(&["CLUSTER", "SETSLOT", "0", "IMPORTING", &ida]),
+        Resp::ok()
+    );
+    assert_eq!(
+        a.cmd(&["CLUSTER", "SETSLOT", "0", "MIGRATING", &idb]),
+        Resp::ok()
+    );
+    assert_eq!(
+        b.cmd(&["CLUSTER", "SETSLOT", "0", "NODE", &idb]),
+        Resp::ok()
+    );
+    // B's new claim (it bumps its epoch and tells everyone) may reach A first, which
+    // then already follows B: redis-cli tolerates exactly this refusal.
+    let r = a.cmd(&["CLUSTER", "SETSLOT", "0", "NODE", &idb]);
+    assert!(
+        r == Resp::ok() || r == err("ERR Please use SETSLOT only with masters."),
+        "{r}"
+    );
+    wait_for("A to be B's replica", CONVERGE, || {
+        let me = a.myself();
+        if me.flags == ["myself", "slave"] && me.master == idb {
+            Ok(())
+        } else {
+            Err(me.raw)
+        }
+    });
+    // The emptied node can no longer take SETSLOT, as a replica.
+    assert_eq!(
+        a.cmd(&["CLUSTER", "SETSLOT", "0", "NODE", &idb]),
+        err("ERR Please use SETSLOT only with masters.")
+    );
+}

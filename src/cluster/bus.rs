@@ -1062,6 +1062,7 @@ fn update_slots_with(
     let my_master = st.me().master.filter(|_| st.me().has(flags::REPLICA));
     let cur_primary = my_master.unwrap_or(me);
     let mut lost_to = false;
+    let mut moved_from_primary = 0;
     let mut dirty = Vec::new();
     for slot in 0..SLOTS {
         if slots[slot / 8] & (1 << (slot % 8)) == 0 {
@@ -1083,13 +1084,17 @@ fn update_slots_with(
         }
         if owner == Some(cur_primary) {
             lost_to = true;
+            moved_from_primary += 1;
         }
         st.migrating_to.remove(&slot);
         st.assign(slot, sender);
         st.save_pending = true;
     }
     let primary_empty = st.nodes.get(&cur_primary).is_none_or(|n| n.numslots == 0);
-    if lost_to && primary_empty {
+    // A failover (the sender took exactly what we served) always moves us along; a
+    // reshard that emptied our shard only with cluster-allow-replica-migration.
+    let failover = st.nodes[&sender].numslots == moved_from_primary;
+    if lost_to && primary_empty && (st.allow_replica_migration || failover) {
         // This node's (or its master's) last slots went to `sender`: a failover or a
         // reshard emptied it, and it follows the new owner, as Redis's replicas do.
         let (ip, port) = {

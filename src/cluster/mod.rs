@@ -123,6 +123,7 @@ impl Cluster {
         st.require_full_coverage = config.get_bool("cluster-require-full-coverage");
         st.allow_reads_when_down = config.get_bool("cluster-allow-reads-when-down");
         st.replica_no_failover = config.get_bool("cluster-replica-no-failover");
+        st.allow_replica_migration = config.get_bool("cluster-allow-replica-migration");
         st.replica_validity_factor = config.get_i64("cluster-replica-validity-factor") as u64;
         let me = st.me_mut();
         me.hostname = config.get("cluster-announce-hostname").to_string();

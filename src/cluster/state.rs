@@ -252,6 +252,7 @@ pub struct State {
     pub manual_start: bool,
     pub replica_no_failover: bool,
     pub replica_validity_factor: u64,
+    pub allow_replica_migration: bool,
 }
 
 #[derive(Default)]
@@ -306,6 +307,7 @@ impl State {
             manual_start: false,
             replica_no_failover: false,
             replica_validity_factor: 10,
+            allow_replica_migration: true,
         }
     }
 

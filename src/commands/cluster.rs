@@ -691,29 +691,56 @@ async fn setslot(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
             if owned_by_me && n != me && !keys_in_slot(sess, slot, 1).await.is_empty() {
                 return sess.error(&format!("ERR Can't assign hashslot {slot} to a different node while I still hold keys for this hash slot."));
             }
-            let mut st = c.lock();
-            if st.owner[slot] == Some(me) && n != me {
-                // Giving the slot away ends its migration.
-                st.migrating_to.remove(&slot);
+            let (r, follow) = assign_slot(c, slot, n);
+            if let Some((ip, port)) = follow {
+                crate::repl::replica::follow(&sess.worker.shared, ip, port).await;
             }
-            let was_importing = st.importing_from.contains_key(&slot);
-            if n == me && was_importing {
-                // Redis bumps the epoch without agreement when an import ends here, so
-                // the new owner's claim wins over the old owner's, and tells every node
-                // at once rather than at their next pings.
-                st.importing_from.remove(&slot);
-                bump_epoch(&mut st);
-                st.broadcast_pong = true;
-            }
-            st.assign(slot, n);
-            let r = c.commit(&mut st, true);
-            drop(st);
             c.wake.notify_one();
             reply_saved(sess, r);
         }
         _ => sess
             .error("ERR Invalid CLUSTER SETSLOT action or number of arguments. Try CLUSTER HELP"),
     }
+}
+
+/// SETSLOT NODE's change of owner. Returns the save's outcome and, when this master gave
+/// its last slot away, the address of the master it now follows.
+fn assign_slot(c: &Cluster, slot: usize, n: Name) -> (Result<(), String>, Option<(String, u16)>) {
+    let mut st = c.lock();
+    let me = st.myself;
+    let was_mine = st.owner[slot] == Some(me);
+    if was_mine && n != me {
+        // Giving the slot away ends its migration.
+        st.migrating_to.remove(&slot);
+    }
+    if n == me && st.importing_from.remove(&slot).is_some() {
+        // Redis bumps the epoch without agreement when an import ends here, so the new
+        // owner's claim wins over the old owner's, and tells every node at once rather
+        // than at their next pings.
+        bump_epoch(&mut st);
+        st.broadcast_pong = true;
+    }
+    st.assign(slot, n);
+    // As in Redis 7, a master that gave its last slot away becomes a replica of the node
+    // that took it (with cluster-allow-replica-migration).
+    let mut follow = None;
+    if was_mine
+        && n != me
+        && st.i_am_master()
+        && st.me().numslots == 0
+        && st.allow_replica_migration
+    {
+        let (ip, port) = (st.nodes[&n].ip.clone(), st.nodes[&n].port);
+        let shard = st.nodes[&n].shard_id;
+        let m = st.me_mut();
+        m.flags = (m.flags & !flags::MASTER) | flags::REPLICA;
+        m.master = Some(n);
+        m.shard_id = shard;
+        st.migrating_to.clear();
+        st.importing_from.clear();
+        follow = Some((ip, port));
+    }
+    (c.commit(&mut st, true), follow)
 }
 
 async fn replicate(sess: &mut Session, c: &Cluster, args: &[Bytes]) {
