@@ -51,6 +51,22 @@ class Writer(threading.Thread):
                         return
                     time.sleep(0.05)
                     continue
+                except AttributeError as e:
+                    # redis-py's RedisCluster follows an -ASK to a node missing from its
+                    # node cache (one that joined after the client started and served no
+                    # slot then) with `None.redis_connection`: a client bug, whatever the
+                    # server. A fresh client reads the current slot map; the write retries.
+                    self.errors.append((time.monotonic(), key, repr(e)))
+                    if len(self.errors) > 5000:
+                        self.failure = AssertionError(f"too many write errors; last: {e!r}")
+                        return
+                    try:
+                        client.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    time.sleep(0.05)
+                    client = self.make_client()
+                    continue
                 if self.pause:
                     time.sleep(self.pause)
         finally:
