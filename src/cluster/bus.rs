@@ -717,6 +717,11 @@ fn process(
     count_received(st, typ);
     let mut acts = Vec::new();
     let mut renamed = None;
+    // A message in this node's own name (a link back to itself, or a forgery) says
+    // nothing about the cluster.
+    if h.sender == st.myself {
+        return (acts, None);
+    }
     let sender_known = st
         .nodes
         .get(&h.sender)
@@ -849,7 +854,11 @@ fn process(
             st.nodes.get_mut(&sender).expect("known").shard_id = id;
         }
         for (name, ttl) in &m.ext.forgotten {
-            if *name != st.myself && st.nodes.contains_key(name) && st.me().master != Some(*name) {
+            if *name != st.myself
+                && *name != sender
+                && st.nodes.contains_key(name)
+                && st.me().master != Some(*name)
+            {
                 st.remove_node(name);
                 st.forgotten.insert(*name, now + ttl * 1000);
                 st.save_pending = true;

@@ -482,6 +482,32 @@ mod tests {
         assert_eq!(u16::from_be_bytes([b[2250], b[2251]]), 1);
     }
 
+    /// Whatever a peer sends, decoding answers Ok or Err and never panics: random headers
+    /// with random counts, types, flags and extension fields, at random lengths.
+    #[test]
+    fn random_messages_never_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..3000 {
+            let len = HEADER + (rand() % 600) as usize;
+            let mut b: Vec<u8> = (0..len).map(|_| rand() as u8).collect();
+            b[..4].copy_from_slice(SIG);
+            b[4..8].copy_from_slice(&(len as u32).to_be_bytes());
+            b[8..10].copy_from_slice(&VERSION.to_be_bytes());
+            // Types that have bodies, small gossip counts, extensions announced.
+            b[12..14].copy_from_slice(&((rand() % 12) as u16).to_be_bytes());
+            b[14..16].copy_from_slice(&((rand() % 8) as u16).to_be_bytes());
+            b[2214..2216].copy_from_slice(&((rand() % 4) as u16).to_be_bytes());
+            b[2253] |= FLAG0_EXT_DATA;
+            let _ = decode(&b);
+        }
+    }
+
     #[test]
     fn bad_lengths_are_refused() {
         let h = header();
