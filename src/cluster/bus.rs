@@ -1320,3 +1320,78 @@ fn publish_acts(bus: &Bus, (shard, channel, message): super::Published) -> Vec<A
         .map(|n| Act::Send(n.name, msg.clone()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ping_from(sender: Name, forgotten: Vec<(Name, u64)>) -> Message {
+        let h = Header {
+            typ: wire::PING,
+            count: 0,
+            port: 7001,
+            current_epoch: 1,
+            config_epoch: 1,
+            offset: 0,
+            sender,
+            slots: Box::new([0; SLOTS / 8]),
+            slaveof: [0; 40],
+            myip: String::new(),
+            extensions: 0,
+            pport: 0,
+            cport: 17001,
+            flags: flags::MASTER,
+            state: 0,
+            mflags: [0; 3],
+        };
+        let ext = Extensions {
+            forgotten,
+            ..Default::default()
+        };
+        wire::decode(&wire::encode_ping(&h, &[], &ext)).expect("a valid ping")
+    }
+
+    fn link() -> LinkCtx {
+        LinkCtx {
+            id: 1,
+            outbound: None,
+            local_ip: Some("127.0.0.1".into()),
+            peer_ip: Some("127.0.0.1".into()),
+        }
+    }
+
+    /// A peer's ping that asks to forget the peer itself (or this node) must not remove
+    /// a node the message is still being applied to.
+    #[test]
+    fn forgotten_extension_naming_its_sender_is_ignored() {
+        let shared = Shared::for_tests(1);
+        let me = [b'a'; 40];
+        let peer = [b'b'; 40];
+        let mut st = State::new(me);
+        st.nodes.insert(peer, Node::new(peer, flags::MASTER));
+        let (acts, _) = process(
+            &shared,
+            &mut st,
+            &link(),
+            ping_from(peer, vec![(peer, 60), (me, 60)]),
+        );
+        assert!(st.nodes.contains_key(&peer) && st.nodes.contains_key(&me));
+        assert!(
+            acts.iter().any(|a| matches!(a, Act::Reply(_))),
+            "a ping is answered"
+        );
+    }
+
+    /// A message in this node's own name changes nothing.
+    #[test]
+    fn message_in_own_name_is_ignored() {
+        let shared = Shared::for_tests(1);
+        let me = [b'a'; 40];
+        let mut st = State::new(me);
+        let mut m = ping_from(me, Vec::new());
+        m.header.slaveof = [b'c'; 40];
+        let (acts, _) = process(&shared, &mut st, &link(), m);
+        assert!(acts.is_empty());
+        assert!(st.me().is_master());
+    }
+}
