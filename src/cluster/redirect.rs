@@ -51,6 +51,15 @@ pub fn check(c: &Cluster, sess: &Session, cmd: &'static Command, args: &[Bytes])
     if !exec && channels.is_none() && matches!(cmd.keys, Keys::None) {
         return Check::Serve;
     }
+    // The common case, one key named by the table: its slot's byte decides, no list.
+    if let (Keys::Range(first, last, _), None, false) = (cmd.keys, channels, exec) {
+        if first == last && (first as usize) < args.len() {
+            let v = c.view.get(placement::slot(&args[first as usize]));
+            if v & view::HERE != 0 && v & view::MIGRATING == 0 && c.view.ok() {
+                return Check::Serve;
+            }
+        }
+    }
     let mut keys: Vec<&Bytes> = Vec::new();
     let mut writes = cmd.has(flags::WRITE);
     if exec {

@@ -824,30 +824,16 @@ fn info_text(st: &State) -> String {
         st.size(),
         st.current_epoch,
     );
-    for (i, name) in MSG_NAMES.iter().enumerate() {
-        if st.sent[i] > 0 {
-            s.push_str(&format!(
-                "cluster_stats_messages_{name}_sent:{}\r\n",
-                st.sent[i]
-            ));
+    for (counts, dir) in [(&st.sent, "sent"), (&st.received, "received")] {
+        for (name, n) in MSG_NAMES.iter().zip(counts.iter()) {
+            if *n > 0 {
+                s.push_str(&format!("cluster_stats_messages_{name}_{dir}:{n}\r\n"));
+            }
         }
+        let total: u64 = counts.iter().sum();
+        s.push_str(&format!("cluster_stats_messages_{dir}:{total}\r\n"));
     }
-    s.push_str(&format!(
-        "cluster_stats_messages_sent:{}\r\n",
-        st.sent.iter().sum::<u64>()
-    ));
-    for (i, name) in MSG_NAMES.iter().enumerate() {
-        if st.received[i] > 0 {
-            s.push_str(&format!(
-                "cluster_stats_messages_{name}_received:{}\r\n",
-                st.received[i]
-            ));
-        }
-    }
-    s.push_str(&format!(
-        "cluster_stats_messages_received:{}\r\ntotal_cluster_links_buffer_limit_exceeded:0\r\n",
-        st.received.iter().sum::<u64>()
-    ));
+    s.push_str("total_cluster_links_buffer_limit_exceeded:0\r\n");
     s
 }
 
