@@ -142,6 +142,9 @@ pub struct RequestParser {
     /// Bytes looked at by terminator searches (to check linear parsing).
     #[cfg(test)]
     scanned: usize,
+    /// Never take `whole_command`'s fast path (to compare the two paths).
+    #[cfg(test)]
+    slow_only: bool,
 }
 
 impl RequestParser {
@@ -212,6 +215,16 @@ impl RequestParser {
         buf: &mut BytesMut,
         limits: &ParseLimits,
     ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+        #[cfg(test)]
+        let fast = !self.slow_only;
+        #[cfg(not(test))]
+        let fast = true;
+        if fast && self.remaining == 0 && !self.auth_required {
+            if let Some(args) = whole_command(buf, limits.max_bulk_len) {
+                self.scan_from = 0;
+                return Ok(Some(args));
+            }
+        }
         while self.remaining == 0 {
             let Some(&first) = buf.first() else {
                 return Ok(None);
@@ -391,6 +404,78 @@ impl RequestParser {
     }
 }
 
+/// Most arguments a request may have to take the fast path of [`whole_command`].
+const FAST_MAX_ARGS: usize = 16;
+
+/// The common case, done cheaply: a multibulk request of a few arguments that is whole
+/// in the buffer, written the plain way (`*N\r\n`, then `$L\r\n<L bytes>\r\n` each).
+/// It is split off the buffer at once and its arguments are slices of that one piece:
+/// one split instead of one per argument and per header line. Anything else (an
+/// incomplete request, an empty or long one, an odd number, a NUL, a length past the
+/// limit) returns `None` without touching `buf`, and the incremental parser decides, so
+/// replies and errors stay exactly what it gives.
+fn whole_command(buf: &mut BytesMut, max_bulk_len: usize) -> Option<Vec<Bytes>> {
+    let b = &buf[..];
+    let (count, mut pos) = plain_length(b, 0, b'*')?;
+    if count == 0 || count > FAST_MAX_ARGS {
+        return None;
+    }
+    let mut spans = [(0usize, 0usize); FAST_MAX_ARGS];
+    for span in spans.iter_mut().take(count) {
+        let (len, start) = plain_length(b, pos, b'$')?;
+        if len > max_bulk_len {
+            return None;
+        }
+        // The two bytes after the payload are skipped unchecked, as the slow path does.
+        let end = start.checked_add(len)?;
+        if end.checked_add(2)? > b.len() {
+            return None;
+        }
+        *span = (start, end);
+        pos = end + 2;
+    }
+    let frame = buf.split_to(pos).freeze();
+    Some(
+        spans[..count]
+            .iter()
+            .map(|&(start, end)| frame.slice(start..end))
+            .collect(),
+    )
+}
+
+/// Reads `<marker><digits>\r\n` at `at`: a number with no sign and no leading zero
+/// (a lone `0` is fine), short enough not to overflow. Returns it and where the line
+/// ends, or `None` for anything else (the slow path then reads the same bytes).
+#[inline]
+fn plain_length(b: &[u8], at: usize, marker: u8) -> Option<(usize, usize)> {
+    if *b.get(at)? != marker {
+        return None;
+    }
+    let mut i = at + 1;
+    let first = *b.get(i)?;
+    let mut n = (first.wrapping_sub(b'0')) as usize;
+    if n > 9 {
+        return None;
+    }
+    i += 1;
+    loop {
+        let c = *b.get(i)?;
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        if n == 0 || i - at > 15 {
+            return None;
+        }
+        n = n * 10 + d as usize;
+        i += 1;
+    }
+    if b[i] != b'\r' || *b.get(i + 1)? != b'\n' {
+        return None;
+    }
+    Some((n, i + 2))
+}
+
 /// The error for a bulk header not starting with `$`. Redis prints the byte
 /// with `%c` and then turns CR and LF into spaces.
 fn expected_dollar(found: u8) -> ProtocolError {
@@ -545,7 +630,14 @@ mod tests {
 
     /// Feeds `chunks` one after another, draining commands after each.
     fn drive<'a>(chunks: impl IntoIterator<Item = &'a [u8]>, limits: &ParseLimits) -> Outcome {
-        let mut parser = RequestParser::new();
+        drive_with(RequestParser::new(), chunks, limits)
+    }
+
+    fn drive_with<'a>(
+        mut parser: RequestParser,
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+        limits: &ParseLimits,
+    ) -> Outcome {
         let mut buf = BytesMut::new();
         let mut cmds = Vec::new();
         for chunk in chunks {
@@ -1264,6 +1356,68 @@ mod tests {
             let chunks = random_chunks(&mut rng, &data);
             let _ = drive(chunks.iter().copied(), &limits());
             let _ = drive([&data[..]], &limits());
+        }
+    }
+
+    /// The fast path for whole requests gives exactly what the incremental parser gives,
+    /// commands and errors, for well-formed, damaged and random input in random chunks.
+    #[test]
+    fn fast_path_agrees_with_the_incremental_parser() {
+        let slow = || RequestParser {
+            slow_only: true,
+            ..RequestParser::new()
+        };
+        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+        for round in 0..30_000 {
+            let mut data = random_frames(&mut rng);
+            if round % 3 != 0 {
+                mutate(&mut rng, &mut data);
+            }
+            if round % 5 == 0 {
+                // Numbers the fast path refuses: leading zeros, signs, long digit runs.
+                let tricky: [&[u8]; 6] = [
+                    b"*01\r\n$4\r\nPING\r\n",
+                    b"*1\r\n$04\r\nPING\r\n",
+                    b"*1\r\n$-1\r\n",
+                    b"*1\r\n$0000000000000000004\r\nPING\r\n",
+                    b"*1\r\n$4\rxPING\r\n",
+                    b"*17\r\n",
+                ];
+                data.extend_from_slice(tricky[rng.below(tricky.len())]);
+            }
+            let limits = ParseLimits {
+                max_bulk_len: if rng.below(2) == 0 {
+                    rng.below(16)
+                } else {
+                    1 << 20
+                },
+            };
+            let chunks = random_chunks(&mut rng, &data);
+            let fast_whole = drive([&data[..]], &limits);
+            assert_eq!(
+                fast_whole,
+                drive_with(slow(), [&data[..]], &limits),
+                "input {data:?}"
+            );
+            assert_eq!(
+                drive(chunks.iter().copied(), &limits),
+                drive_with(slow(), chunks.iter().copied(), &limits),
+                "input {data:?}"
+            );
+        }
+        let mut ping = BytesMut::from(&b"*1\r\n$4\r\nPING\r\n*1"[..]);
+        assert_eq!(whole_command(&mut ping, 100), Some(b(&[b"PING"])));
+        assert_eq!(&ping[..], b"*1");
+        // Sixteen arguments take the fast path; seventeen do not; both parse.
+        for n in [16usize, 17] {
+            let args: Vec<Vec<u8>> = (0..n).map(|i| format!("a{i}").into_bytes()).collect();
+            let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
+            let input = multibulk(&refs);
+            assert_eq!(
+                parse_all(&input),
+                drive_with(slow(), [&input[..]], &limits())
+            );
+            assert_eq!(cmds(&input)[0].len(), n);
         }
     }
 }
