@@ -731,7 +731,12 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
             f(sess, args).await;
             sess.record_here(cmd, &kept, start, mark);
         }
-        Handler::Shard(f) | Handler::Multi(f, _) => match route(sess, cmd, &args) {
+        Handler::Shard(f) | Handler::Multi(f, _) => match sess
+            .route_hint
+            .take()
+            .filter(|(hinted, _)| std::ptr::eq(*hinted, cmd))
+            .map_or_else(|| route(sess, cmd, &args), |(_, r)| r)
+        {
             Route::Here => run_on_shard(sess, sess.worker.id, cmd, f, args).await,
             Route::Shard(s) => run_on_shard(sess, s, cmd, f, args).await,
             Route::Spread => {

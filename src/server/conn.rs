@@ -209,6 +209,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         close_after_reply: false,
         handle: handle.clone(),
         affinity: (worker.id, 0),
+        route_hint: None,
         push_rx: None,
         push_tx: None,
         push_queued: Default::default(),
@@ -645,7 +646,12 @@ fn migration_target(sess: &Session) -> Option<usize> {
 
 /// If `cmd` is a plain keyed command whose keys all live on one other shard, and it may
 /// be batched with its neighbours, returns that shard.
-fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) -> Option<usize> {
+fn squash_target(
+    sess: &Session,
+    cmd: Option<&'static Command>,
+    args: &[Bytes],
+    memo: &mut Option<Route>,
+) -> Option<usize> {
     let cmd = cmd?;
     if sess.multi.is_some()
         || sess.tracking
@@ -673,7 +679,7 @@ fn squash_target(sess: &Session, cmd: Option<&'static Command>, args: &[Bytes]) 
     {
         return None;
     }
-    match route(sess, cmd, args) {
+    match *memo.get_or_insert_with(|| route(sess, cmd, args)) {
         Route::Shard(s) if s != sess.worker.id => Some(s),
         _ => None,
     }
@@ -703,18 +709,23 @@ pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
 /// Runs a group of parsed commands in order.
 async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
     let mut iter = cmds.into_iter().peekable();
+    // A command looked at (and maybe routed) while a batch was being formed, so it is
+    // not looked up and its keys not hashed a second time.
+    let mut carried: Option<(Option<&'static Command>, Option<Route>)> = None;
     while let Some(args) = iter.next() {
         if sess.handle.killed.get() {
             return;
         }
         crate::commands::connection::wait_if_paused(sess, &args).await;
-        let cmd = table().lookup(&args[0]);
+        let (cmd, mut memo) = carried
+            .take()
+            .unwrap_or_else(|| (table().lookup(&args[0]), None));
         sess.unflushed_replies += 1;
         if cmd.is_some_and(may_write) {
             sess.unflushed_write = true;
             sess.wrote_since_wait = true;
         }
-        if let Some(target) = squash_target(sess, cmd, &args) {
+        if let Some(target) = squash_target(sess, cmd, &args, &mut memo) {
             let cmd = cmd.expect("squashable commands are known");
             let mut batch = VecDeque::new();
             sess.note_command(cmd, &args);
@@ -722,7 +733,9 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
             batch.push_back((cmd, args));
             while let Some(next) = iter.peek() {
                 let next_cmd = table().lookup(&next[0]);
-                if squash_target(sess, next_cmd, next) != Some(target) {
+                let mut next_memo = None;
+                if squash_target(sess, next_cmd, next, &mut next_memo) != Some(target) {
+                    carried = Some((next_cmd, next_memo));
                     break;
                 }
                 let args = iter.next().expect("peeked");
@@ -780,15 +793,18 @@ async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
         }
         if let Some(c) = cmd {
             if c.exec_fn().is_some() && c.arity_ok(args.len()) && sess.multi.is_none() {
-                if let Route::Shard(s) = route(sess, c, &args) {
+                let r = *memo.get_or_insert_with(|| route(sess, c, &args));
+                if let Route::Shard(s) = r {
                     note_affinity(sess, s, 1);
                 }
+                sess.route_hint = Some((c, r));
             }
         }
         let mode = sess.reply_mode;
         sess.flushed_mid_command = 0;
         let mark = sess.out.buf.len();
         commands::execute(sess, cmd, args).await;
+        sess.route_hint = None;
         // ASKING covers the next command, or the whole next transaction.
         if sess.asking && sess.multi.is_none() && cmd.is_none_or(|c| c.name != "asking") {
             sess.asking = false;

@@ -40,6 +40,9 @@ pub struct Session {
     pub handle: Rc<ClientHandle>,
     /// The shard the recent keyed commands went to, and how many in a row.
     pub affinity: (usize, u32),
+    /// The route the connection loop already found for the command it is running (by
+    /// the command's table entry), so the key is not hashed again to run it.
+    pub route_hint: Option<(&'static crate::commands::Command, crate::commands::Route)>,
     /// Messages pushed to this connection outside request/reply: MONITOR lines and
     /// Pub/Sub messages, already encoded.
     pub push_rx: Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>,
@@ -118,6 +121,7 @@ impl Session {
             close_after_reply: false,
             handle: ClientHandle::new(ClientInfo::new(id, "aof".into(), String::new(), -1)),
             affinity: (worker.id, 0),
+            route_hint: None,
             push_rx: None,
             push_tx: None,
             push_queued: Default::default(),

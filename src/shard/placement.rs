@@ -28,8 +28,13 @@ pub fn slot(key: &[u8]) -> usize {
     slot_of_tag(hashtag(key))
 }
 
+/// CRC-16/XMODEM, the checksum Redis Cluster hashes keys with. The `crc` crate's table
+/// is built at compile time; the `crc16` crate used before recomputed its initial value
+/// with a 16-step loop on every call, on every keyed command.
+const CRC16: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+
 fn slot_of_tag(tag: &[u8]) -> usize {
-    crc16::State::<crc16::XMODEM>::calculate(tag) as usize % SLOTS
+    CRC16.checksum(tag) as usize % SLOTS
 }
 
 pub struct Placement {
@@ -76,7 +81,12 @@ impl Placement {
             return tag;
         }
         for p in &self.queue_prefixes {
-            if key.len() > p.len() + 1 && key.starts_with(p) && key[p.len()] == b':' {
+            // The first byte rules out most keys without a call to memcmp.
+            if key.len() > p.len() + 1
+                && p.first() == key.first()
+                && key.starts_with(p)
+                && key[p.len()] == b':'
+            {
                 let rest = &key[p.len() + 1..];
                 if let Some(i) = rest.iter().position(|&b| b == b':') {
                     return &key[..p.len() + 1 + i];
