@@ -235,7 +235,9 @@ impl Write for FdIo {
 /// request on an unpipelined connection.
 async fn read_plain(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
-        stream.readable().await?;
+        // The stream's single reader slot, not `readable()`: that one links a waiter into
+        // the socket's list under its lock and unlinks it when dropped, on every wait.
+        std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
         let mut got = 0usize;
         let fd = stream.as_raw_fd();
         let result = stream.try_io(Interest::READABLE, || {
