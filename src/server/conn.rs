@@ -365,6 +365,8 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
     // is parsed as RESP (only connections starting with "G" or "H" wait for it).
     let mut first_line_checked = false;
     let mut sniffed = 0;
+    // One vector for every group this connection parses, not one allocated per read.
+    let mut cmds: Vec<Vec<Bytes>> = Vec::new();
     loop {
         if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
             return Exit::Closed;
@@ -383,7 +385,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         if sess.push_rx.is_none() && sess.handle.adopt_rx.borrow().is_some() {
             sess.push_sender();
         }
-        let mut cmds = Vec::new();
+        cmds.clear();
         let mut protocol_error = None;
         while first_line_checked && cmds.len() < MAX_GROUP {
             // Until a client authenticates, Redis parses with tight limits and runs one
@@ -417,7 +419,11 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             let now = unix_ms();
             sess.handle.last_active.set(now);
             sess.handle.info.borrow_mut().last_interaction_unix_ms = now;
-            run_group(sess, cmds).await;
+            run_group(sess, cmds.drain(..)).await;
+            // A deep pipeline's vector is not kept for the connection's life.
+            if cmds.capacity() > 64 {
+                cmds = Vec::new();
+            }
             // Bytes a blocked command read while it waited come after what was parsed.
             if !sess.stash.is_empty() {
                 rbuf.extend_from_slice(&sess.stash);
@@ -707,8 +713,8 @@ pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
 }
 
 /// Runs a group of parsed commands in order.
-async fn run_group(sess: &mut Session, cmds: Vec<Vec<Bytes>>) {
-    let mut iter = cmds.into_iter().peekable();
+async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
+    let mut iter = cmds.peekable();
     // A command looked at (and maybe routed) while a batch was being formed, so it is
     // not looked up and its keys not hashed a second time.
     let mut carried: Option<(Option<&'static Command>, Option<Route>)> = None;
