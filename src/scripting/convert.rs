@@ -4,7 +4,7 @@
 //! client; those bytes are read back here into Lua values. A script's return value is
 //! written as a reply following the same rules Redis 7 documents.
 
-use mlua::{Table, Value};
+use mlua::{Lua, Table, Value};
 
 use crate::protocol::reply::Reply;
 
@@ -20,9 +20,42 @@ pub fn lua_number_to_i64(n: f64) -> i64 {
     }
 }
 
+/// The fields that make a table result something other than an array, as Lua strings
+/// made once per interpreter: looking a table up by a Rust `&str` makes (and interns) a
+/// new Lua string in a protected call each time, seven times for an array result.
+pub struct ReplyKeys {
+    err: mlua::String,
+    ok: mlua::String,
+    double: mlua::String,
+    big_number: mlua::String,
+    map: mlua::String,
+    set: mlua::String,
+    verbatim_string: mlua::String,
+}
+
+impl ReplyKeys {
+    pub fn new(lua: &Lua) -> mlua::Result<ReplyKeys> {
+        Ok(ReplyKeys {
+            err: lua.create_string("err")?,
+            ok: lua.create_string("ok")?,
+            double: lua.create_string("double")?,
+            big_number: lua.create_string("big_number")?,
+            map: lua.create_string("map")?,
+            set: lua.create_string("set")?,
+            verbatim_string: lua.create_string("verbatim_string")?,
+        })
+    }
+}
+
 /// Writes a script's result as a reply. `resp3_script` is the script's `redis.setresp`
 /// choice, which decides how booleans convert.
-pub fn lua_to_reply(v: &Value, out: &mut Reply, resp3_script: bool, depth: usize) {
+pub fn lua_to_reply(
+    v: &Value,
+    out: &mut Reply,
+    resp3_script: bool,
+    depth: usize,
+    keys: &ReplyKeys,
+) {
     if depth > 1000 {
         out.error("ERR reached lua stack limit");
         return;
@@ -45,17 +78,17 @@ pub fn lua_to_reply(v: &Value, out: &mut Reply, resp3_script: bool, depth: usize
         Value::Integer(i) => out.int(*i),
         Value::Number(n) => out.int(lua_number_to_i64(*n)),
         Value::String(s) => out.bulk(&s.as_bytes()),
-        Value::Table(t) => table_to_reply(t, out, resp3_script, depth),
+        Value::Table(t) => table_to_reply(t, out, resp3_script, depth, keys),
         _ => out.null(),
     }
 }
 
-fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize) {
-    if let Ok(Value::String(e)) = t.raw_get::<Value>("err") {
+fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize, k: &ReplyKeys) {
+    if let Ok(Value::String(e)) = t.raw_get::<Value>(&k.err) {
         out.error_bytes(&e.as_bytes());
         return;
     }
-    if let Ok(Value::String(s)) = t.raw_get::<Value>("ok") {
+    if let Ok(Value::String(s)) = t.raw_get::<Value>(&k.ok) {
         out.buf.extend_from_slice(b"+");
         for &b in s.as_bytes().iter() {
             out.buf
@@ -64,12 +97,12 @@ fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize) 
         out.buf.extend_from_slice(b"\r\n");
         return;
     }
-    match t.raw_get::<Value>("double") {
+    match t.raw_get::<Value>(&k.double) {
         Ok(Value::Number(d)) => return out.double(d),
         Ok(Value::Integer(d)) => return out.double(d as f64),
         _ => {}
     }
-    if let Ok(Value::String(s)) = t.raw_get::<Value>("big_number") {
+    if let Ok(Value::String(s)) = t.raw_get::<Value>(&k.big_number) {
         if out.resp3 {
             out.buf.extend_from_slice(b"(");
             out.buf.extend_from_slice(&s.as_bytes());
@@ -79,28 +112,28 @@ fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize) 
         }
         return;
     }
-    if let Ok(Value::Table(m)) = t.raw_get::<Value>("map") {
+    if let Ok(Value::Table(m)) = t.raw_get::<Value>(&k.map) {
         let pairs: Vec<(Value, Value)> = m.pairs::<Value, Value>().filter_map(Result::ok).collect();
         out.map(pairs.len());
-        for (k, v) in &pairs {
-            lua_to_reply(k, out, resp3_script, depth + 1);
-            lua_to_reply(v, out, resp3_script, depth + 1);
+        for (key, v) in &pairs {
+            lua_to_reply(key, out, resp3_script, depth + 1, k);
+            lua_to_reply(v, out, resp3_script, depth + 1, k);
         }
         return;
     }
-    if let Ok(Value::Table(s)) = t.raw_get::<Value>("set") {
+    if let Ok(Value::Table(s)) = t.raw_get::<Value>(&k.set) {
         let keys: Vec<Value> = s
             .pairs::<Value, Value>()
             .filter_map(Result::ok)
-            .map(|(k, _)| k)
+            .map(|(key, _)| key)
             .collect();
         out.set(keys.len());
-        for k in &keys {
-            lua_to_reply(k, out, resp3_script, depth + 1);
+        for key in &keys {
+            lua_to_reply(key, out, resp3_script, depth + 1, k);
         }
         return;
     }
-    if let Ok(Value::Table(v)) = t.raw_get::<Value>("verbatim_string") {
+    if let Ok(Value::Table(v)) = t.raw_get::<Value>(&k.verbatim_string) {
         let format: Option<mlua::String> = v.raw_get("format").ok();
         let string: Option<mlua::String> = v.raw_get("string").ok();
         if let (Some(f), Some(s)) = (format, string) {
@@ -131,7 +164,7 @@ fn table_to_reply(t: &Table, out: &mut Reply, resp3_script: bool, depth: usize) 
     }
     out.array(items.len());
     for v in &items {
-        lua_to_reply(v, out, resp3_script, depth + 1);
+        lua_to_reply(v, out, resp3_script, depth + 1, k);
     }
 }
 

@@ -218,7 +218,9 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         // caught it, or been stopped inside the error handler), it ends with this.
         _ if run.killed => out.error("ERR Script killed by user with SCRIPT KILL..."),
         Err(msg) => out.error(&msg),
-        Ok(Ok(v)) => lua_to_reply(&v, &mut out, run.resp3, 0),
+        Ok(Ok(v)) => {
+            super::vm::with_vm(|vm| lua_to_reply(&v, &mut out, run.resp3, 0, &vm.reply_keys))
+        }
         Ok(Err(e)) => error_reply(&e, &label, &mut out),
     }
     {

@@ -28,6 +28,8 @@ pub struct Vm {
     /// FCALL's functions as loaded on this thread, and the library generation they are.
     pub functions: HashMap<String, Function>,
     pub functions_generation: u64,
+    /// The field names a script's table result is looked up by, made once.
+    pub reply_keys: super::convert::ReplyKeys,
 }
 
 thread_local! {
@@ -358,7 +360,9 @@ impl Vm {
             lua.create_function(|_, e: Value| Ok(error_text(&e)))?,
         ))?;
         run::install_hook(&lua);
+        let reply_keys = super::convert::ReplyKeys::new(&lua)?;
         Ok(Vm {
+            reply_keys,
             lua,
             real,
             env,
