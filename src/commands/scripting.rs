@@ -85,20 +85,17 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             }
             Err(e) => return sess.out.error(&e),
         },
-        Kind::EvalSha => {
-            let sha = String::from_utf8_lossy(&args[1]).into_owned();
-            match scripting_mod::cache().get(&sha) {
-                Some(s) => {
-                    let f = s.flags;
-                    (Body::Script(s), f)
-                }
-                None => {
-                    return sess
-                        .out
-                        .error("NOSCRIPT No matching script. Please use EVAL.")
-                }
+        Kind::EvalSha => match scripting_mod::cache().get(&args[1]) {
+            Some(s) => {
+                let f = s.flags;
+                (Body::Script(s), f)
             }
-        }
+            None => {
+                return sess
+                    .out
+                    .error("NOSCRIPT No matching script. Please use EVAL.")
+            }
+        },
         Kind::Fcall => {
             let (name, flags) = function.expect("looked up above");
             (Body::Function(name), flags)
@@ -211,9 +208,7 @@ async_handler!(script, |sess, args| {
         "exists" => {
             sess.out.array(args.len() - 2);
             for sha in &args[2..] {
-                let found = scripting_mod::cache()
-                    .get(&String::from_utf8_lossy(sha))
-                    .is_some();
+                let found = scripting_mod::cache().get(sha).is_some();
                 sess.out.int(found as i64);
             }
         }

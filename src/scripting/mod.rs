@@ -109,12 +109,14 @@ pub struct ScriptCache {
 thread_local! {
     /// What this thread already found in the shared cache, so EVALSHA takes no lock:
     /// valid while the cache's generation (bumped by SCRIPT FLUSH) is unchanged.
-    static SEEN: std::cell::RefCell<(u64, HashMap<String, Arc<Script>>)> =
+    static SEEN: std::cell::RefCell<(u64, HashMap<Vec<u8>, Arc<Script>>)> =
         std::cell::RefCell::new((0, HashMap::new()));
 }
 
 impl ScriptCache {
-    pub fn get(&self, sha: &str) -> Option<Arc<Script>> {
+    /// The script named by an EVALSHA argument (any case), as its raw bytes: the
+    /// thread's own map is asked first, without decoding or copying the name.
+    pub fn get(&self, sha: &[u8]) -> Option<Arc<Script>> {
         let generation = self.generation.load(Ordering::Acquire);
         let seen = SEEN.with(|s| {
             let mut s = s.borrow_mut();
@@ -126,21 +128,21 @@ impl ScriptCache {
         if seen.is_some() {
             return seen;
         }
-        let lower = sha.to_ascii_lowercase();
+        let lower = String::from_utf8_lossy(sha).to_ascii_lowercase();
         let found = self
             .scripts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&lower)
             .cloned()?;
-        SEEN.with(|s| s.borrow_mut().1.insert(sha.to_string(), found.clone()));
+        SEEN.with(|s| s.borrow_mut().1.insert(sha.to_vec(), found.clone()));
         Some(found)
     }
 
     /// Adds a script (or finds it) and returns it; a bad shebang is refused.
     pub fn add(&self, body: &[u8]) -> Result<Arc<Script>, String> {
         let sha = sha1_hex(body);
-        if let Some(s) = self.get(&sha) {
+        if let Some(s) = self.get(sha.as_bytes()) {
             return Ok(s);
         }
         let (flags, code) = parse_shebang(body)?;
