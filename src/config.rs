@@ -115,6 +115,9 @@ pub static PARAMS: &[Param] = &[
     p("http-open-metrics", YESNO, "no", true, true),
     p("lock-on-hashtags", YESNO, "yes", false, true),
     p("migrate-connections", YESNO, "yes", true, true),
+    // Kite's own: how many times a thread about to sleep yields its core first
+    // (docs/event-loop.md, "What --threads 2 costs on two cores").
+    p("park-yields", Kind::Int(0, 64), "1", true, true),
     p(
         "loglevel",
         Kind::Enum(&["debug", "verbose", "notice", "warning", "nothing"]),
@@ -1045,6 +1048,7 @@ pub struct Tunables {
     pub proto_max_bulk_len: AtomicUsize,
     pub maxmemory: AtomicU64,
     pub migrate_connections: AtomicBool,
+    pub park_yields: AtomicU32,
     pub slowlog_slower_than: AtomicI64,
     pub slowlog_max_len: AtomicUsize,
     pub latency_threshold_ms: AtomicU64,
@@ -1085,6 +1089,7 @@ impl Tunables {
             proto_max_bulk_len: AtomicUsize::new(0),
             maxmemory: AtomicU64::new(0),
             migrate_connections: AtomicBool::new(true),
+            park_yields: AtomicU32::new(1),
             slowlog_slower_than: AtomicI64::new(0),
             slowlog_max_len: AtomicUsize::new(0),
             latency_threshold_ms: AtomicU64::new(0),
@@ -1121,6 +1126,7 @@ impl Tunables {
         self.maxmemory.store(c.get_i64("maxmemory") as u64, r);
         self.migrate_connections
             .store(c.get_bool("migrate-connections"), r);
+        self.park_yields.store(c.get_i64("park-yields") as u32, r);
         self.slowlog_slower_than
             .store(c.get_i64("slowlog-log-slower-than"), r);
         self.slowlog_max_len

@@ -85,9 +85,18 @@ pub fn run(
 
 fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
     crate::shard::set_current_thread(id);
+    let parking = shared.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .on_thread_park(crate::shard::mailbox::before_park)
+        .on_thread_park(move || {
+            // With one thread there is no answer from another thread to wait for.
+            let yields = if parking.nshards() > 1 {
+                parking.tunables.park_yields.load(Ordering::Relaxed)
+            } else {
+                0
+            };
+            crate::shard::mailbox::before_park(yields)
+        })
         .on_thread_unpark(crate::shard::mailbox::after_unpark)
         .build()
         .expect("tokio runtime");
