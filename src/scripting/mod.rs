@@ -106,10 +106,13 @@ pub struct ScriptCache {
     generation: std::sync::atomic::AtomicU64,
 }
 
+/// Scripts a thread has found, by the name its clients used (raw bytes, any case).
+type SeenScripts = HashMap<Vec<u8>, Arc<Script>>;
+
 thread_local! {
     /// What this thread already found in the shared cache, so EVALSHA takes no lock:
     /// valid while the cache's generation (bumped by SCRIPT FLUSH) is unchanged.
-    static SEEN: std::cell::RefCell<(u64, HashMap<Vec<u8>, Arc<Script>>)> =
+    static SEEN: std::cell::RefCell<(u64, SeenScripts)> =
         std::cell::RefCell::new((0, HashMap::new()));
 }
 
