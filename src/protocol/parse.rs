@@ -467,7 +467,8 @@ fn plain_length(b: &[u8], at: usize, marker: u8) -> Option<(usize, usize)> {
         if n == 0 || i - at > 15 {
             return None;
         }
-        n = n * 10 + d as usize;
+        // Checked: fifteen digits fit a 64-bit usize but not a 32-bit one.
+        n = n.checked_mul(10)?.checked_add(d as usize)?;
         i += 1;
     }
     if b[i] != b'\r' || *b.get(i + 1)? != b'\n' {
