@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 
 use crate::commands::streams::{self, ReadFrom};
 use crate::commands::{lists, zsets};
+use crate::net::stream_io;
 use crate::protocol::reply::Reply;
-use crate::server::io;
 use crate::server::session::Session;
 use crate::shard::{hop, hop_send, Shard, Worker};
 use crate::types::value::WRONGTYPE;
@@ -1604,7 +1604,7 @@ async fn wait(
         sess.unflushed_replies = 1;
         sess.unflushed_write = true;
         let n = sess.out.buf.len();
-        if io::write_all(sess.stream.as_deref(), &sess.out.buf)
+        if stream_io::write_all(sess.stream.as_deref(), &sess.out.buf)
             .await
             .is_ok()
         {
@@ -1644,7 +1644,7 @@ async fn wait(
                 }
             }
             _ = sleep => Some(Ended::Timeout),
-            r = io::read_some(stream.as_deref(), &mut sess.stash) => match r {
+            r = stream_io::read_some(stream.as_deref(), &mut sess.stash) => match r {
                 Ok(0) | Err(_) => Some(Ended::ClientGone),
                 Ok(_) => None,
             },

@@ -181,7 +181,7 @@ pub fn take_over(st: &mut State, old_master: Name) {
 
 /// Client writes paused (or resumed) on every thread, as CLIENT PAUSE WRITE does.
 pub(super) fn pause_writes(shared: &Arc<Shared>, until: Option<u64>) {
-    use crate::server::clients::Pause;
+    use crate::shard::clients::Pause;
     for target in 0..shared.nshards() {
         shared.send(
             target,

@@ -7,8 +7,8 @@ use bytes::Bytes;
 use super::util::{eq_ci, parse_i64, printable, NOT_INT, SYNTAX_ERR};
 use super::{flags, table};
 use crate::async_handler;
-use crate::server::clients::Pause;
 use crate::server::session::{ReplyMode, Session};
+use crate::shard::clients::Pause;
 use crate::shard::{broadcast, unix_ms};
 
 pub const SERVER_VERSION: &str = "7.2.4";
@@ -292,8 +292,8 @@ pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
 }
 
 /// Whether a client is of a CLIENT LIST / CLIENT KILL `TYPE`.
-fn client_type_is(info: &crate::server::clients::ClientInfo, kind: &str) -> bool {
-    use crate::server::clients::{KIND_MASTER, KIND_NORMAL, KIND_REPLICA};
+fn client_type_is(info: &crate::shard::clients::ClientInfo, kind: &str) -> bool {
+    use crate::shard::clients::{KIND_MASTER, KIND_NORMAL, KIND_REPLICA};
     let pubsub = info.sub + info.psub + info.ssub > 0;
     match kind {
         "normal" => info.kind == KIND_NORMAL && !pubsub,

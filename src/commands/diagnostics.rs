@@ -9,8 +9,8 @@ use bytes::Bytes;
 use super::server::{help, rss_bytes, thread_report};
 use super::util::{eq_ci, parse_i64, SYNTAX_ERR};
 use crate::async_handler;
-use crate::server::logs::LatencyEvent;
 use crate::server::session::Session;
+use crate::shard::logs::LatencyEvent;
 use crate::shard::{broadcast, hop, unix_ms};
 
 // ---- LATENCY ----

@@ -3,6 +3,7 @@
 //! never parses a request or touches shard data.
 
 pub mod http;
+pub mod stream_io;
 pub mod tls;
 
 use std::cell::RefCell;

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use super::{replica, stream::ReplMsg, REPLICA_ONLINE};
 use crate::commands::util::{eq_ci, parse_i64};
 use crate::persist::aof::writer::ToWriter;
-use crate::server::clients::Pause;
 use crate::server::session::Session;
+use crate::shard::clients::Pause;
 use crate::shard::{broadcast, unix_ms, Worker};
 
 pub const NONE: u8 = 0;

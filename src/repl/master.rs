@@ -13,10 +13,10 @@ use tokio::sync::oneshot;
 
 use super::stream::{Attached, Feed, ReplMsg};
 use super::{ReplicaEntry, REPLICA_ONLINE, REPLICA_SEND_BULK, REPLICA_WAIT_BGSAVE};
+use crate::net::stream_io;
 use crate::persist::aof::writer::ToWriter;
 use crate::persist::snapshot::{self, Target};
 use crate::protocol::parse::{ParseLimits, RequestParser};
-use crate::server::io;
 use crate::server::session::Session;
 use crate::shard::{unix_ms, Worker};
 
@@ -49,7 +49,10 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
     // Replies written so far (pipelined before PSYNC) go out first.
     if !sess.out.buf.is_empty() {
         let out = std::mem::take(&mut sess.out.buf);
-        if io::write_all(sess.stream.as_deref(), &out).await.is_err() {
+        if stream_io::write_all(sess.stream.as_deref(), &out)
+            .await
+            .is_err()
+        {
             sess.close_after_reply = true;
             return;
         }
@@ -71,7 +74,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
         fack_offset: 0.into(),
         last_ack_ms: unix_ms().into(),
     });
-    sess.handle.info.borrow_mut().kind = crate::server::clients::KIND_REPLICA;
+    sess.handle.info.borrow_mut().kind = crate::shard::clients::KIND_REPLICA;
     // INFO's connected_clients leaves replicas out, as Redis's does.
     shared.connected_clients.fetch_sub(1, Ordering::AcqRel);
     shared
@@ -330,7 +333,7 @@ async fn write_timed(
     data: &[u8],
     limit: Duration,
 ) -> Result<(), String> {
-    match tokio::time::timeout(limit, io::write_all(stream, data)).await {
+    match tokio::time::timeout(limit, stream_io::write_all(stream, data)).await {
         Ok(r) => r.map_err(|e| e.to_string()),
         Err(_) => Err("timeout writing the RDB to the replica (repl-timeout)".into()),
     }
@@ -404,7 +407,7 @@ async fn feed_loop(
                 }
                 // A replica that stops reading must not hold this task for ever: the
                 // stream's verdict (output buffer limit) and CLIENT KILL end the write.
-                let write = io::write_all(stream, &out);
+                let write = stream_io::write_all(stream, &out);
                 tokio::pin!(write);
                 let mut check = tokio::time::interval(Duration::from_millis(100));
                 loop {
@@ -425,7 +428,7 @@ async fn feed_loop(
                 }
                 queued.fetch_sub(out.len() as u64, Ordering::Relaxed);
             }
-            r = io::read_some(stream, &mut rbuf) => {
+            r = stream_io::read_some(stream, &mut rbuf) => {
                 match r {
                     Ok(0) => return Err("the replica closed the connection".into()),
                     Err(e) => return Err(e.to_string()),
@@ -564,7 +567,7 @@ async fn wait_for_acks(
             _ = &mut acked => {}
             _ = tokio::time::sleep(nap) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
-            r = io::read_some(stream.as_deref(), &mut sess.stash) => {
+            r = stream_io::read_some(stream.as_deref(), &mut sess.stash) => {
                 if matches!(r, Ok(0) | Err(_)) {
                     return n;
                 }

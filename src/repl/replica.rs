@@ -685,7 +685,7 @@ async fn apply(
     {
         let mut info = sess.handle.info.borrow_mut();
         info.addr = format!("{}:{}", addr.host, addr.port);
-        info.kind = crate::server::clients::KIND_MASTER;
+        info.kind = crate::shard::clients::KIND_MASTER;
     }
     worker.clients.borrow_mut().add(sess.handle.clone());
     shared.repl.master_client_id.store(id, Ordering::Relaxed);

@@ -9,12 +9,12 @@ use bytes::{Bytes, BytesMut};
 use tokio::net::TcpStream;
 
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
+use crate::net::stream_io;
 use crate::net::Stream;
 use crate::protocol::parse::{ParseLimits, RequestParser};
 use crate::protocol::reply::Reply;
-use crate::server::clients::{ClientHandle, ClientInfo};
-use crate::server::io;
 use crate::server::session::{ReplyMode, Session};
+use crate::shard::clients::{ClientHandle, ClientInfo};
 use crate::shard::{run_batch_on, unix_ms, BatchSpec, Worker};
 
 /// Commands parsed from the input before they are run as a group.
@@ -316,7 +316,7 @@ async fn flush(sess: &mut Session) -> bool {
     }
     await_durable(sess).await;
     let n = sess.out.buf.len() as u64;
-    let ok = io::write_all(sess.stream.as_deref(), &sess.out.buf)
+    let ok = stream_io::write_all(sess.stream.as_deref(), &sess.out.buf)
         .await
         .is_ok();
     sess.out.buf.clear();
@@ -493,7 +493,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                     sess.push_queued.set(q.saturating_sub(line.len()));
                 }
             }
-            r = io::read_some(sess.stream.as_deref(), rbuf) => match r {
+            r = stream_io::read_some(sess.stream.as_deref(), rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => {
                     sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64;
@@ -579,7 +579,7 @@ async fn drain_output(sess: &mut Session) -> bool {
         soft_secs: t[2].load(Ordering::Relaxed),
     };
     if (limit.hard == 0 && limit.soft == 0)
-        || sess.handle.info.borrow().kind != crate::server::clients::KIND_NORMAL
+        || sess.handle.info.borrow().kind != crate::shard::clients::KIND_NORMAL
     {
         return flush(sess).await;
     }
@@ -612,7 +612,11 @@ async fn drain_output(sess: &mut Session) -> bool {
 async fn absorb_hook_io(sess: &mut Session, rbuf: &mut BytesMut) -> bool {
     sess.handle.hook_touched.set(false);
     let out = std::mem::take(&mut *sess.handle.hook_out.borrow_mut());
-    if !out.is_empty() && io::write_all(sess.stream.as_deref(), &out).await.is_err() {
+    if !out.is_empty()
+        && stream_io::write_all(sess.stream.as_deref(), &out)
+            .await
+            .is_err()
+    {
         return false;
     }
     let input = std::mem::take(&mut *sess.handle.hook_in.borrow_mut());

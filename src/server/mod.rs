@@ -1,9 +1,6 @@
 //! Listeners, connections and the per-thread event loops.
 
-pub mod clients;
 pub mod conn;
-pub mod io;
-pub mod logs;
 pub mod session;
 
 use std::cell::RefCell;
@@ -322,9 +319,9 @@ fn active_expire(worker: &Rc<Worker>, now: u64) {
 fn evict_clients(worker: &Rc<Worker>) {
     let shared = &worker.shared;
     let clients = worker.clients.borrow();
-    let evictable = |h: &clients::ClientHandle| {
+    let evictable = |h: &crate::shard::clients::ClientHandle| {
         let info = h.info.borrow();
-        !info.no_evict && info.kind == clients::KIND_NORMAL && !h.killed.get()
+        !info.no_evict && info.kind == crate::shard::clients::KIND_NORMAL && !h.killed.get()
     };
     // One pass for the figures every tick; candidates are sorted only past the limit.
     let (mut mine, mut largest) = (0usize, 0usize);
@@ -401,7 +398,7 @@ fn close_idle_clients(worker: &Rc<Worker>) {
         let exempt = info.multi >= 0
             || info.sub + info.psub + info.ssub > 0
             || h.blocked.get()
-            || info.kind != clients::KIND_NORMAL;
+            || info.kind != crate::shard::clients::KIND_NORMAL;
         drop(info);
         if !exempt && now.saturating_sub(h.last_active.get()) > limit_ms {
             h.kill();

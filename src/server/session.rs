@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::commands::transactions::{MultiState, WatchState};
 use crate::commands::Command;
 use crate::protocol::reply::Reply;
-use crate::server::clients::ClientHandle;
+use crate::shard::clients::ClientHandle;
 use crate::shard::Worker;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -104,7 +104,7 @@ pub struct Session {
 impl Session {
     /// A session with no client behind it (the AOF replay).
     pub fn detached(worker: &Rc<Worker>, id: u64) -> Session {
-        use crate::server::clients::{ClientHandle, ClientInfo};
+        use crate::shard::clients::{ClientHandle, ClientInfo};
         Session {
             worker: worker.clone(),
             id,

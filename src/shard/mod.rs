@@ -4,8 +4,10 @@
 //! clients and its counters, all reached through `Rc`/`RefCell` from that thread only.
 //! Other threads reach them solely by sending a closure to the thread's mailbox (`hop`).
 
+pub mod clients;
 pub mod evict;
 pub mod locks;
+pub mod logs;
 pub mod mailbox;
 pub mod placement;
 pub mod tx;
@@ -25,8 +27,8 @@ use tokio::sync::oneshot;
 use crate::commands::{Command, ExecFn};
 use crate::config::{Config, Tunables};
 use crate::protocol::reply::Reply;
-use crate::server::clients::Clients;
-use crate::server::logs::{Logs, SlowEntry};
+use crate::shard::clients::Clients;
+use crate::shard::logs::{Logs, SlowEntry};
 use crate::types::table::{Entry, Table};
 use crate::types::value::Value;
 use locks::{LockKeys, LockTable, Waiting};
