@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{kite_is_redis, Client, KiteServer, Resp};
+use common::{info_field, kite_is_redis, Client, KiteServer, Resp};
 
 fn bulk(s: &str) -> Resp {
     Resp::bulk(s)
@@ -54,18 +54,6 @@ fn next(c: &mut Client, what: &str) -> Resp {
     c.set_timeout(Some(Duration::from_secs(10)));
     c.try_read()
         .unwrap_or_else(|e| panic!("{what}: nothing arrived: {e}"))
-}
-
-fn info_field(c: &mut Client, section: &str, field: &str) -> String {
-    let r = c.cmd(&["INFO", section]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("INFO {section} answered {r}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
-        .trim()
-        .to_string()
 }
 
 fn info_int(c: &mut Client, section: &str, field: &str) -> i64 {

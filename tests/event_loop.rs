@@ -25,8 +25,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_err_prefix, encode_command, fmt_cmd, free_port, kite_bin, shard_of, spread_keys, Client,
-    KiteServer, Resp, Rng,
+    assert_err_prefix, encode_command, fmt_cmd, free_port, info_field, kite_bin, shard_of,
+    spread_keys, Client, KiteServer, Resp, Rng,
 };
 
 /// Read timeout of every connection here: long enough that only a real stall (a lost
@@ -100,16 +100,9 @@ fn check(conn: &mut Client, c: &[Vec<u8>], expected: &Resp, ctx: &str) {
 }
 
 fn info_int(c: &mut Client, section: &str, field: &str) -> i64 {
-    let r = c.cmd(&["INFO", section]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("INFO {section} answered {r}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("{field} in INFO {section} is not an integer:\n{text}"))
+    let v = info_field(c, section, field);
+    v.parse()
+        .unwrap_or_else(|_| panic!("{field} in INFO {section} is not an integer: {v}"))
 }
 
 /// `threads` keys `<prefix><n>`, the j-th on shard j of a `--threads threads` server.

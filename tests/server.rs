@@ -8,17 +8,7 @@ use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Client, KiteServer, Resp};
-
-fn info_field(c: &mut Client, section: &str, field: &str) -> String {
-    let text = c.cmd(&["INFO", section]).as_string().expect("INFO text");
-    for line in text.lines() {
-        if let Some(v) = line.strip_prefix(&format!("{field}:")) {
-            return v.trim().to_string();
-        }
-    }
-    panic!("INFO {section} has no {field}:\n{text}");
-}
+use common::{info_field, Client, KiteServer, Resp};
 
 fn info_int(c: &mut Client, section: &str, field: &str) -> i64 {
     info_field(c, section, field)

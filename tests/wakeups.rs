@@ -25,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Client, KiteServer, Resp, Rng};
+use common::{info_field, Client, KiteServer, Resp, Rng};
 
 /// The blocking timeout given to every blocking command (seconds).
 const BLOCK_SECS: &str = "10";
@@ -45,18 +45,6 @@ fn arr(items: Vec<Resp>) -> Resp {
 
 fn bulks(items: &[&str]) -> Resp {
     arr(items.iter().map(|s| bulk(s)).collect())
-}
-
-fn info_field(c: &mut Client, section: &str, field: &str) -> String {
-    let r = c.cmd(&["INFO", section]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("INFO {section} answered {r}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{text}"))
-        .trim()
-        .to_string()
 }
 
 fn blocked_clients(c: &mut Client) -> i64 {

@@ -1228,3 +1228,17 @@ pub fn spread_keys(prefix: &str, n: usize) -> Vec<String> {
     }
     out
 }
+
+/// The value of `field` in `INFO section`, as text; panics (with the whole section) when
+/// the reply is not text or the field is missing.
+pub fn info_field(c: &mut Client, section: &str, field: &str) -> String {
+    let r = c.cmd(&["INFO", section]);
+    let text = r
+        .as_string()
+        .unwrap_or_else(|| panic!("INFO {section} answered {r}"));
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO {section}:\n{text}"))
+        .trim()
+        .to_string()
+}
