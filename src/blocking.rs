@@ -821,7 +821,8 @@ fn land(w: &Rc<Worker>, l: Landing) {
 /// Serves waiters of every key marked ready on this thread's shard.
 pub fn serve_ready(worker: &Rc<Worker>) {
     let mut sh = worker.shard.borrow_mut();
-    if !sh.blocking.has_ready() {
+    // A script of another thread that wrote here is still running: its end serves them.
+    if !sh.blocking.has_ready() || sh.script_guests > 0 {
         return;
     }
     let mut postponed = Vec::new();

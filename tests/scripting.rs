@@ -1608,6 +1608,40 @@ fn mset_missing_value_across_shards_inside_a_script() {
     run_against_redis(4, &[("mset_missing_value", scenario)]);
 }
 
+/// A client blocked on a list that an escalating script (one that reached another
+/// shard after writing) pushes to is served after the script ends, however long the
+/// script runs after the push: the other shard's periodic work must not serve it
+/// mid-script. The script waits 300 ms on TIME so that work surely comes around.
+#[test]
+fn blocked_client_waits_for_an_escalated_script_to_end() {
+    fn scenario(r: &mut Rec) {
+        let k = spread_keys("esc");
+        let before = info_field(&mut r.c, "clients", "blocked_clients");
+        let mut b = r.open();
+        b.send(&["BLPOP", k[1].as_str(), "0"]);
+        let mut admin = Client::connect(r.port);
+        wait_until("a blocked client", || {
+            info_field(&mut admin, "clients", "blocked_clients") > before
+        });
+        r.eval(
+            "redis.call('set', KEYS[1], 'x')
+             redis.call('rpush', ARGV[1], 'e1', 'e2')
+             local function now()
+               local t = redis.call('time')
+               return tonumber(t[1]) * 1000000 + tonumber(t[2])
+             end
+             local start = now()
+             repeat until now() - start > 300000
+             return redis.call('llen', ARGV[1])",
+            &[k[0].as_str()],
+            &[k[1].as_str()],
+        );
+        r.note("BLPOP after the script", b.read());
+        r.run(args!["LRANGE", k[1].as_str(), 0, -1]);
+    }
+    run_against_redis(4, &[("escalated_script_blocked_client", scenario)]);
+}
+
 /// A library whose top-level code never ends fails FUNCTION LOAD with Redis's timeout
 /// error instead of holding its thread forever; a library's top-level `redis.call`
 /// never runs, neither at FUNCTION LOAD nor when a thread reloads it before FCALL.

@@ -107,6 +107,20 @@ pub struct Job {
     pub client_id: u64,
 }
 
+/// The script has ended: each other shard it ran commands on serves its blocked clients
+/// and sends its events now.
+fn release_guests(worker: &Rc<Worker>, touched: &[usize]) {
+    for &s in touched {
+        worker.shared.send(
+            s,
+            Box::new(|w| {
+                w.shard.borrow_mut().script_guests -= 1;
+                crate::shard::after_command(w);
+            }),
+        );
+    }
+}
+
 /// Runs a job on this thread. On the fast path (`job.global` false) the caller made sure
 /// this thread owns the declared keys.
 pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
@@ -205,6 +219,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         effects
     };
     if run.restart {
+        release_guests(worker, &run.touched_remote);
         return Outcome {
             reply: out,
             events: Vec::new(),
@@ -239,11 +254,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
             }
         }
     }
-    for s in &run.touched_remote {
-        worker
-            .shared
-            .send(*s, Box::new(crate::shard::after_command));
-    }
+    release_guests(worker, &run.touched_remote);
     let mut events = run.remote_events;
     if job.remote || !events.is_empty() {
         // Keep one order: this shard's events after the remote ones would be wrong, so
@@ -475,9 +486,14 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
     let local = std::mem::take(&mut worker.shard.borrow_mut().events);
     run.remote_events.extend(local);
     let args = argv.to_vec();
+    let first_visit = !run.touched_remote.contains(&target);
     let (reply, events, effects) = sync_call(&worker, target, move |w| {
         let mut reply = Reply::new(resp3);
         let mut shard = w.shard.borrow_mut();
+        // Released, and the waiters served, when the script ends (`release_guests`).
+        if first_visit {
+            shard.script_guests += 1;
+        }
         shard.aof_hold();
         let mark = shard.aof.mark();
         exec_here(&mut shard, cmd, f, &args, db, &mut reply, no_touch);
@@ -489,7 +505,7 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
     // Effects elsewhere join the script's block, in call order.
     worker.shard.borrow_mut().aof.push_piece(effects);
     run.remote_events.extend(events);
-    if !run.touched_remote.contains(&target) {
+    if first_visit {
         run.touched_remote.push(target);
     }
     Ok(reply)

@@ -393,6 +393,10 @@ pub struct Shard {
     pub watches: WatchTable,
     /// Clients blocked on keys of this shard.
     pub blocking: crate::blocking::BlockTable,
+    /// Scripts running on other threads that have run commands here and not ended
+    /// (`scripting::run`): until they end, blocked clients are not served here, since a
+    /// script is atomic and Redis serves its waiters only after it.
+    pub script_guests: u32,
     /// Keyspace events of the running command, published when it ends.
     pub events: Vec<(usize, &'static str, Bytes)>,
     /// Keys tracked for client-side caching, and invalidations on their way out.
@@ -451,6 +455,7 @@ impl Shard {
             // SAFETY: gettid has no preconditions.
             tid: unsafe { libc::gettid() },
             settling: Vec::new(),
+            script_guests: 0,
             current: None,
             watches: WatchTable::new(databases),
             stats: Stats {
