@@ -118,6 +118,15 @@ pub static PARAMS: &[Param] = &[
     // Kite's own: how many times a thread about to sleep yields its core first
     // (docs/event-loop.md, "What --threads 2 costs on two cores").
     p("park-yields", Kind::Int(0, 64), "1", true, true),
+    // Kite's own: "auto" sends each pass's replies through io_uring where the kernel
+    // allows it; "epoll" writes them one by one (docs/event-loop.md).
+    p(
+        "event-loop",
+        Kind::Enum(&["auto", "epoll"]),
+        "auto",
+        false,
+        true,
+    ),
     p(
         "loglevel",
         Kind::Enum(&["debug", "verbose", "notice", "warning", "nothing"]),

@@ -3,12 +3,15 @@
 //! never parses a request or touches shard data.
 
 pub mod http;
+pub mod notify;
 pub mod stream_io;
 pub mod tls;
+pub mod uring;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
+use std::rc::Rc;
 
 use bytes::BytesMut;
 use tokio::io::Interest;
@@ -19,18 +22,99 @@ pub struct Stream {
     tcp: TcpStream,
     /// The TLS session, for connections accepted on `tls-port`.
     tls: Option<RefCell<rustls::ServerConnection>>,
+    /// Replies handed to the thread's send batch (`uring`) and not yet all sent. Every
+    /// other write sends these first, so nothing overtakes them.
+    unsent: RefCell<BytesMut>,
+    /// Listed in the thread's send batch.
+    in_batch: Cell<bool>,
+    /// The batch's send failed: the connection is broken and closes at its next write.
+    send_failed: Cell<bool>,
+    /// Given when the batch left bytes behind (the socket was full) or failed, so the
+    /// connection's task sends the rest itself.
+    pub stalled: notify::LocalNotify,
 }
 
 impl Stream {
     pub fn plain(tcp: TcpStream) -> Stream {
-        Stream { tcp, tls: None }
+        Stream::with(tcp, None)
     }
 
     pub fn tls(tcp: TcpStream, session: rustls::ServerConnection) -> Stream {
+        Stream::with(tcp, Some(RefCell::new(session)))
+    }
+
+    fn with(tcp: TcpStream, tls: Option<RefCell<rustls::ServerConnection>>) -> Stream {
         Stream {
             tcp,
-            tls: Some(RefCell::new(session)),
+            tls,
+            unsent: RefCell::new(BytesMut::new()),
+            in_batch: Cell::new(false),
+            send_failed: Cell::new(false),
+            stalled: Default::default(),
         }
+    }
+
+    fn raw_fd(&self) -> i32 {
+        self.tcp.as_raw_fd()
+    }
+
+    /// Hands a finished group of replies to this thread's send batch, leaving `buf`
+    /// empty (its buffer and the batch's are swapped, not copied). False, with `buf`
+    /// untouched, when the connection must write them itself: no ring on this thread,
+    /// TLS, a large reply, or bytes a cut-short send left behind.
+    pub fn queue_for_pass(self: &Rc<Self>, buf: &mut BytesMut) -> bool {
+        if self.tls.is_some() || buf.len() > uring::MAX_QUEUED || !uring::enabled() {
+            return false;
+        }
+        {
+            let mut unsent = self.unsent.borrow_mut();
+            if unsent.is_empty() {
+                std::mem::swap(&mut *unsent, buf);
+                buf.clear();
+            } else if self.in_batch.get() {
+                unsent.extend_from_slice(buf);
+                buf.clear();
+            } else {
+                return false;
+            }
+        }
+        if !self.in_batch.replace(true) {
+            uring::enqueue(self.clone());
+        }
+        true
+    }
+
+    /// Bytes handed to the batch are still unsent.
+    pub fn owes_output(&self) -> bool {
+        !self.unsent.borrow().is_empty()
+    }
+
+    /// A send of the batch was cut short and the connection has not sent the rest yet.
+    fn stalled_out(&self) -> bool {
+        !self.in_batch.get() && self.owes_output()
+    }
+
+    /// Bytes the unsent buffer holds room for (the connection's memory).
+    pub fn unsent_capacity(&self) -> usize {
+        self.unsent.borrow().capacity()
+    }
+
+    /// Sends what the batch still holds for this connection; true when nothing is left.
+    fn send_unsent(&self) -> io::Result<bool> {
+        if self.send_failed.get() {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let mut unsent = self.unsent.borrow_mut();
+        while !unsent.is_empty() {
+            match self.tcp.try_write(&unsent) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes::Buf::advance(&mut *unsent, n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        unsent.clear();
+        Ok(true)
     }
 
     pub fn is_tls(&self) -> bool {
@@ -44,6 +128,8 @@ impl Stream {
     /// The plain socket, for moving the connection to another thread. A TLS connection
     /// stays where it is (its session is not handed over).
     pub fn into_std(self) -> Option<std::net::TcpStream> {
+        // The connection sends what the batch holds before it moves (`conn::serve`).
+        debug_assert!(!self.owes_output(), "a migrating connection owes output");
         if self.tls.is_some() {
             return None;
         }
@@ -142,7 +228,12 @@ impl Stream {
     /// accepted count as written; it sends them as the socket allows.
     pub fn try_write(&self, data: &[u8]) -> io::Result<usize> {
         match &self.tls {
-            None => self.tcp.try_write(data),
+            None => {
+                if !self.send_unsent()? {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                self.tcp.try_write(data)
+            }
             Some(tls) => {
                 // Encrypted bytes still waiting go first: the session's buffer is bounded.
                 if !self.try_flush_tls(tls)? {
@@ -173,8 +264,11 @@ impl Stream {
         }
     }
 
-    /// Writes all of `data`.
+    /// Writes all of `data`, after what the send batch left unsent.
     pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !self.send_unsent()? {
+            self.tcp.writable().await?;
+        }
         while !data.is_empty() {
             match self.try_write(data) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -23,3 +23,12 @@ pub async fn write_all(stream: Option<&Stream>, data: &[u8]) -> io::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Completes when the send batch left this connection's replies unsent (the socket was
+/// full) or failed: the connection then sends the rest itself (`write_all`).
+pub async fn stalled(stream: Option<&Stream>) {
+    match stream {
+        Some(s) => s.stalled.notified().await,
+        None => std::future::pending().await,
+    }
+}

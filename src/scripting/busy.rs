@@ -46,6 +46,8 @@ pub fn serve(worker: &Rc<Worker>) {
         return;
     }
     LAST_SERVED.with(|l| l.set(Some(now)));
+    // Replies made before the script started go before any -BUSY.
+    crate::net::uring::flush();
     let shared = &worker.shared;
     let arrived = std::mem::take(
         &mut *shared.inbox[worker.id]
@@ -84,6 +86,10 @@ pub fn serve(worker: &Rc<Worker>) {
             continue;
         }
         let fd = handle.info.borrow().fd;
+        // Replies the socket did not take yet come first: this one waits for its task.
+        if crate::net::uring::owes_output(fd) {
+            continue;
+        }
         let mut input = handle.hook_in.borrow_mut();
         let before = input.len();
         if !read_available(fd, &mut input) {

@@ -237,6 +237,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         readonly,
     };
     let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
+    settle_output(&sess, &exit).await;
     worker.clients.borrow_mut().remove(id);
     if let Exit::Http(request) = exit {
         if let Some(stream) = sess.stream.clone() {
@@ -246,7 +247,9 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         return;
     }
     match exit {
-        Exit::Migrate(target) if !handle.killed.get() => {
+        Exit::Migrate(target)
+            if !handle.killed.get() && !sess.stream.as_ref().is_some_and(|s| s.owes_output()) =>
+        {
             let info = handle.info.borrow().clone();
             let (db, resp3, authenticated, no_touch, reply_mode) = (
                 sess.db,
@@ -297,6 +300,25 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     }
 }
 
+/// Replies still in the thread's send batch leave before the connection moves to another
+/// thread (its socket goes with it) or closes, as its own writes would have: now, with
+/// the rest of the batch, and what the socket did not take is then sent here. A killed
+/// connection gets only what the socket takes at once.
+async fn settle_output(sess: &Session, exit: &Exit) {
+    let Some(stream) = sess.stream.as_ref() else {
+        return;
+    };
+    let moving = matches!(exit, Exit::Migrate(_));
+    if !stream.owes_output() && !moving {
+        return;
+    }
+    // A moving connection's socket must also leave the batch's list.
+    crate::net::uring::flush();
+    if stream.owes_output() && !sess.handle.killed.get() {
+        let _ = stream.write_all(&[]).await;
+    }
+}
+
 fn close(sess: &mut Session) {
     commands::transactions::unwatch_all(sess);
     commands::connection::disable_tracking(sess);
@@ -308,14 +330,24 @@ fn close(sess: &mut Session) {
         .fetch_sub(1, Ordering::AcqRel);
 }
 
+/// Sends the replies made so far: handed to the thread's send batch when it has one (they
+/// leave with every other connection's when the thread is about to sleep), else written
+/// at once.
 async fn flush(sess: &mut Session) -> bool {
-    if sess.out.buf.is_empty() {
+    let owed = sess.stream.as_ref().is_some_and(|s| s.owes_output());
+    if sess.out.buf.is_empty() && !owed {
         sess.unflushed_replies = 0;
         sess.unflushed_write = false;
         return true;
     }
     await_durable(sess).await;
     let n = sess.out.buf.len() as u64;
+    if let Some(stream) = &sess.stream {
+        if stream.queue_for_pass(&mut sess.out.buf) {
+            sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
+            return true;
+        }
+    }
     let ok = stream_io::write_all(sess.stream.as_deref(), &sess.out.buf)
         .await
         .is_ok();
@@ -468,6 +500,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         sess.handle.memory.set(
             rbuf.capacity()
                 + sess.out.buf.capacity()
+                + sess.stream.as_ref().map_or(0, |s| s.unsent_capacity())
                 + sess.push_queued.get()
                 + parser.held_bytes(),
         );
@@ -493,6 +526,9 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                     sess.push_queued.set(q.saturating_sub(line.len()));
                 }
             }
+            // The send batch could not send all our replies: the flush above, next
+            // time round, sends the rest.
+            _ = stream_io::stalled(sess.stream.as_deref()) => {}
             r = stream_io::read_some(sess.stream.as_deref(), rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => {

@@ -82,10 +82,22 @@ pub fn run(
 
 fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
     crate::shard::set_current_thread(id);
+    let wanted = shared.config.lock().expect("config lock").get("event-loop") != "epoll";
+    match crate::net::uring::start_thread(wanted) {
+        Ok(true) if id == 0 => tracing::info!("Replies are sent through io_uring"),
+        Ok(false) if id == 0 => {
+            tracing::info!("Replies are written one by one (event-loop epoll)")
+        }
+        Err(e) => tracing::warn!("Thread {id}: {e}; replies are written one by one"),
+        _ => {}
+    }
     let parking = shared.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .on_thread_park(move || {
+            // The pass is over: its replies leave together, as Redis's beforeSleep
+            // writes them.
+            crate::net::uring::flush();
             // With one thread there is no answer from another thread to wait for.
             let yields = if parking.nshards() > 1 {
                 parking.tunables.park_yields.load(Ordering::Relaxed)
@@ -147,6 +159,8 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
             }
             ran += 1;
             if ran == MAIL_PER_TURN {
+                // A yield does not park the thread, so replies made meanwhile go now.
+                crate::net::uring::flush();
                 tokio::task::yield_now().await;
                 ran = 0;
             }

@@ -6,6 +6,8 @@
 //! - `KITE_BIN`: path of the server binary to test. Defaults to the `kite` binary cargo
 //!   built. If it ends in `redis-server`, redis-style arguments are passed instead (and
 //!   `--threads` is ignored), so the whole suite can be checked against real Redis.
+//! - `KITE_EVENT_LOOP`: passed to every Kite started here as `--event-loop` ("epoll"
+//!   runs the suite with replies written one by one instead of through io_uring).
 //! - `redis-server` must be on `PATH` for the differential tests (`scripts/test.sh`
 //!   installs it).
 #![allow(dead_code)]
@@ -320,6 +322,9 @@ impl KiteServer {
                     "--enable-debug-command".into(),
                     "local".into(),
                 ];
+                if let Ok(mode) = std::env::var("KITE_EVENT_LOOP") {
+                    args.extend(["--event-loop".to_string(), mode]);
+                }
                 args.extend(extra.iter().cloned());
                 args
             };
