@@ -134,6 +134,15 @@ log "second reference: $("$VALKEY_BIN" --version)"
 log "cargo test --release ${CARGO_TEST_ARGS:-}"
 # shellcheck disable=SC2086
 cargo test --release ${CARGO_TEST_ARGS:-}
+# The suite above runs Kite's default event loop: replies sent through io_uring where
+# the kernel allows it (tests/event_loop.rs fails if the server falls back without
+# saying why). The suites that exercise how replies reach the socket run again with
+# `--event-loop epoll`, replies written one by one (docs/event-loop.md).
+if [ -z "${CARGO_TEST_ARGS:-}" ] && [ -z "${KITE_BIN:-}" ]; then
+    log "cargo test --release (event-loop epoll: event_loop, server, blocking, pubsub, scripting, connstate, wakeups)"
+    KITE_EVENT_LOOP=epoll cargo test --release --test event_loop --test server \
+        --test blocking --test pubsub --test scripting --test connstate --test wakeups
+fi
 
 # --- real clients against a running server --------------------------------------------
 if [ -n "${KITE_BIN:-}" ]; then

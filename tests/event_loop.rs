@@ -10,7 +10,12 @@
 //! - a sleeping thread is always woken for work sent to it: more threads than cores, at
 //!   `park-yields` 0, 1 and 4, cross-thread commands, MSET/MGET, MULTI/EXEC and blocking
 //!   pops served by pushes from other clients, every reply checked;
-//! - the `park-yields` setting (flag and CONFIG GET/SET, range 0..=64).
+//! - the `park-yields` setting (flag and CONFIG GET/SET, range 0..=64);
+//! - replies sent in batches through io_uring ("Replies of one pass in one system
+//!   call"): the `event-loop` setting and its INFO fields and counters, order across a
+//!   reader that stalls (short sends), small and large groups, pushes, blocking
+//!   commands, QUIT, a busy script's -BUSY, many connections at once, and CLIENT KILL of
+//!   a connection with megabytes unsent. Every one passes with `KITE_EVENT_LOOP=epoll`.
 //!
 //! No timing assertions: every socket has a generous read timeout, so a lost wake-up or
 //! a stall shows as a failed read, and every load loop is bounded by a count.
@@ -948,4 +953,1131 @@ fn park_yields_setting() {
             None => panic!("--park-yields {bad} was accepted: the server kept running"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// 6. Replies of one pass in one system call (docs/event-loop.md, "Replies of one
+//    pass in one system call")
+// ---------------------------------------------------------------------------
+//
+// Every test below passes with `--event-loop epoll` too (KITE_EVENT_LOOP=epoll); only
+// the checks of the io_uring counters depend on the mode, and they look at
+// `kite_reply_sends` first.
+
+/// The value of `--event-loop` this test process passes to every server it starts.
+fn env_event_loop() -> Option<String> {
+    std::env::var("KITE_EVENT_LOOP")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// True when `c`'s server sends replies through io_uring. A server that writes them one
+/// by one must either have been told to (`event-loop epoll`) or say why the ring could
+/// not be set up, so a silent fallback never passes.
+fn sends_through_io_uring(c: &mut Client) -> bool {
+    let sends = info_field(c, "server", "kite_reply_sends");
+    let error = info_field(c, "server", "kite_io_uring_error");
+    let mode = c.cmd(&["CONFIG", "GET", "event-loop"]);
+    let mode = match mode.as_array() {
+        Some([_, v]) => v.as_string().unwrap_or_default(),
+        _ => panic!("CONFIG GET event-loop answered {mode}"),
+    };
+    match (mode.as_str(), sends.as_str()) {
+        (_, "io_uring") => {
+            assert_eq!(mode, "auto", "io_uring sends with event-loop {mode}");
+            assert!(
+                error.is_empty(),
+                "kite_reply_sends:io_uring, yet kite_io_uring_error:{error}"
+            );
+            true
+        }
+        ("epoll", "write") => false,
+        ("auto", "write") => {
+            assert!(
+                !error.is_empty(),
+                "event-loop auto fell back to write with no kite_io_uring_error"
+            );
+            eprintln!("io_uring could not be set up here: {error}");
+            false
+        }
+        _ => panic!("event-loop {mode}: kite_reply_sends:{sends} kite_io_uring_error:{error}"),
+    }
+}
+
+fn event_loop_is(v: &str) -> Resp {
+    Resp::Array(vec![bulk("event-loop"), bulk(v)])
+}
+
+/// Starts kite with `args` (port, bind, data directory and save are added) and returns
+/// how it exited, or None if it was still running (and killed) after ten seconds.
+fn start_expecting_failure(name: &str, args: &[&str]) -> Option<std::process::ExitStatus> {
+    let dir = std::env::temp_dir().join(format!("kite-event-loop-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let port = free_port().to_string();
+    let mut child = Command::new(kite_bin())
+        .args(["--port", port.as_str(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--dir", dir_arg.as_str()])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start kite");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    status
+}
+
+/// A few pipelines on `n` connections, every reply checked (keys `<prefix>...`).
+fn traffic_on_connections(s: &KiteServer, prefix: &str, n: usize) {
+    let mut conns: Vec<Client> = (0..n).map(|_| client(s)).collect();
+    for round in 0..5 {
+        for (i, c) in conns.iter_mut().enumerate() {
+            let key = format!("{prefix}:{i}");
+            let cmds = vec![
+                cmd(&["INCR", &key]),
+                cmd(&["ECHO", &format!("e{i}-{round}")]),
+                cmd(&["PING"]),
+            ];
+            let got = c.pipeline(&cmds);
+            assert_eq!(
+                got,
+                vec![
+                    Resp::Integer(round + 1),
+                    bulk(format!("e{i}-{round}")),
+                    Resp::simple("PONG")
+                ],
+                "connection {i} round {round}"
+            );
+        }
+    }
+}
+
+#[test]
+fn event_loop_setting_and_send_counters() {
+    // Default settings (unless the whole run is forced to one mode).
+    if env_event_loop().is_none() {
+        let s = KiteServer::start(&[], 2);
+        let mut c = client(&s);
+        assert_eq!(
+            c.cmd(&["CONFIG", "GET", "event-loop"]),
+            event_loop_is("auto")
+        );
+        sends_through_io_uring(&mut c);
+    }
+
+    // auto: io_uring (or a fallback that says why), and replies go through batches.
+    let s = KiteServer::start(&["--event-loop", "auto"], 2);
+    let mut c = client(&s);
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "event-loop"]),
+        event_loop_is("auto")
+    );
+    let uring = sends_through_io_uring(&mut c);
+    let batches_before = info_int(&mut c, "transactions", "send_batches");
+    let sends_before = info_int(&mut c, "transactions", "batched_sends");
+    let short_before = info_int(&mut c, "transactions", "short_sends");
+    traffic_on_connections(&s, "set:auto", 6);
+    let batches = info_int(&mut c, "transactions", "send_batches");
+    let sends = info_int(&mut c, "transactions", "batched_sends");
+    let short_sends = info_int(&mut c, "transactions", "short_sends");
+    eprintln!(
+        "event-loop auto (io_uring {uring}): send_batches {batches_before} -> {batches}, \
+         batched_sends {sends_before} -> {sends}, short_sends {short_before} -> {short_sends}"
+    );
+    if uring {
+        assert!(
+            sends >= sends_before + 30,
+            "30 pipelines on 6 connections, yet batched_sends went {sends_before} -> {sends}"
+        );
+        assert!(batches > batches_before, "send_batches stayed at {batches}");
+        assert!(
+            batches <= sends,
+            "more batches ({batches}) than replies sent through them ({sends})"
+        );
+    } else {
+        assert_eq!(
+            (batches, sends, short_sends),
+            (0, 0, 0),
+            "no ring, no batches"
+        );
+    }
+    // Not changeable at run time; the value stays.
+    for v in ["epoll", "auto"] {
+        assert_eq!(
+            c.cmd(&["CONFIG", "SET", "event-loop", v]),
+            Resp::Error(
+                "ERR CONFIG SET failed (possibly related to argument 'event-loop') - \
+                 can't set immutable config"
+                    .into()
+            ),
+            "CONFIG SET event-loop {v}"
+        );
+    }
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "event-loop"]),
+        event_loop_is("auto")
+    );
+    assert_eq!(sends_through_io_uring(&mut c), uring);
+    drop(c);
+    drop(s);
+
+    // epoll: replies written one by one, no batch ever.
+    let s = KiteServer::start(&["--event-loop", "epoll"], 2);
+    let mut c = client(&s);
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "event-loop"]),
+        event_loop_is("epoll")
+    );
+    assert_eq!(info_field(&mut c, "server", "kite_reply_sends"), "write");
+    assert!(!sends_through_io_uring(&mut c));
+    traffic_on_connections(&s, "set:epoll", 6);
+    for field in ["send_batches", "batched_sends", "short_sends"] {
+        assert_eq!(
+            info_int(&mut c, "transactions", field),
+            0,
+            "{field} with epoll"
+        );
+    }
+    assert_err_prefix(
+        &c.cmd(&["CONFIG", "SET", "event-loop", "auto"]),
+        "ERR CONFIG SET failed",
+    );
+    assert_eq!(
+        c.cmd(&["CONFIG", "GET", "event-loop"]),
+        event_loop_is("epoll")
+    );
+    drop(c);
+    drop(s);
+
+    // An unknown value stops the server at start-up.
+    for bad in ["bogus", "1", "EPOLLX"] {
+        match start_expecting_failure("badmode", &["--threads", "1", "--event-loop", bad]) {
+            Some(st) => assert!(!st.success(), "--event-loop {bad} exited with success"),
+            None => panic!("--event-loop {bad} was accepted: the server kept running"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+/// A value of `len` random bytes that starts with 'v'.
+fn value_of(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let mut v = vec![b'v'];
+    v.extend(rng.bytes(len - 1));
+    v
+}
+
+/// Reads `expected` replies in order from `conn`, checking each exactly.
+fn read_expected(conn: &mut Client, expected: &[(String, Resp)], ctx: &str) {
+    let total = expected.len();
+    for (i, (sent, want)) in expected.iter().enumerate() {
+        let got = conn
+            .try_read()
+            .unwrap_or_else(|e| panic!("{ctx}: reply {i} of {total} (to `{sent}`): {e}"));
+        assert!(
+            &got == want,
+            "{ctx}: reply {i} of {total} (to `{sent}`) is {}, expected {}",
+            short(&got),
+            short(want)
+        );
+    }
+}
+
+/// A client that keeps working while another connection is stalled: SET/INCR/GET on
+/// its own keys (one on each of `threads` threads) and PING, `rounds` times.
+fn keep_working(c: &mut Client, who: &str, threads: usize, rounds: usize, start: usize) {
+    let keys = keys_on_each_shard(&format!("{who}:n"), threads);
+    for i in 0..rounds {
+        let ctx = format!("{who} round {}", start + i);
+        check(c, &cmd(&["PING"]), &Resp::simple("PONG"), &ctx);
+        let k = &keys[(start + i) % threads];
+        let want = ((start + i) / threads + 1) as i64;
+        check(c, &cmd(&["INCR", k]), &Resp::Integer(want), &ctx);
+    }
+}
+
+#[test]
+fn replies_keep_order_across_a_stalled_reader() {
+    const GETS: usize = 500;
+    const VALUE: usize = 48_000; // each reply well under 64 KiB; 24 MB in all
+    let s = KiteServer::start(&[], 2);
+    let mut admin = client(&s);
+    let uring = sends_through_io_uring(&mut admin);
+    let short_before = info_int(&mut admin, "transactions", "short_sends");
+    let mut rng = Rng::new(0x057A_11ED);
+    let bigs = keys_on_each_shard("stall:big", 2);
+    let values: Vec<Vec<u8>> = bigs.iter().map(|_| value_of(&mut rng, VALUE)).collect();
+    for (k, v) in bigs.iter().zip(&values) {
+        assert_eq!(
+            admin.cmd(&[b"SET".as_slice(), k.as_bytes(), v.as_slice()]),
+            Resp::ok()
+        );
+    }
+
+    // One write per GET (with its markers): each group of replies is under 64 KiB, so
+    // with io_uring it goes through the batch until the socket is full. Each chunk ends
+    // with `INCR stall:step`, so the writer can wait until the server has run one chunk
+    // before it writes the next: the groups before the stall are one chunk each.
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut expected: Vec<(String, Resp)> = Vec::new();
+    let mut counter = 0;
+    for i in 0..GETS {
+        let mut chunk = Vec::new();
+        let which = rng.index(2);
+        chunk.extend_from_slice(&encode_command(&["GET", &bigs[which]]));
+        expected.push((
+            format!("GET {} #{i}", bigs[which]),
+            Resp::Bulk(values[which].clone()),
+        ));
+        chunk.extend_from_slice(&encode_command(&["INCR", "stall:step"]));
+        expected.push((format!("INCR step #{i}"), Resp::Integer(i as i64 + 1)));
+        if i % 3 == 0 {
+            chunk.extend_from_slice(&encode_command(&["INCR", "stall:counter"]));
+            counter += 1;
+            expected.push((format!("INCR #{i}"), Resp::Integer(counter)));
+        }
+        if i % 5 == 0 {
+            let m = format!("m{i}");
+            chunk.extend_from_slice(&encode_command(&["ECHO", &m]));
+            expected.push((format!("ECHO {m}"), bulk(&m)));
+        }
+        chunks.push(chunk);
+    }
+
+    let mut slow = client(&s);
+    let mut writer = slow.try_clone_stream();
+    writer.set_write_timeout(Some(REPLY_WAIT)).unwrap();
+    let mut watch = client(&s);
+    let write_all = thread::spawn(move || -> Result<usize, String> {
+        // Paced until the server stops running the slow reader's commands (its output
+        // is stalled) or 300 ms pass with no progress; then the rest in one go.
+        let mut paced = 0;
+        for (i, chunk) in chunks.iter().enumerate() {
+            writer
+                .write_all(chunk)
+                .map_err(|e| format!("writing request chunk {i}: {e}"))?;
+            if paced < i {
+                continue;
+            }
+            let deadline = Instant::now() + Duration::from_millis(300);
+            loop {
+                let step = watch.cmd(&["GET", "stall:step"]).parse_int().unwrap_or(0);
+                if step > i as i64 {
+                    paced = i + 1;
+                    break;
+                }
+                if Instant::now() > deadline {
+                    break;
+                }
+                thread::sleep(Duration::from_micros(50));
+            }
+        }
+        Ok(paced)
+    });
+
+    // Others are served all along, on both threads.
+    let mut others: Vec<Client> = (0..3).map(|_| client(&s)).collect();
+    for (j, o) in others.iter_mut().enumerate() {
+        keep_working(o, &format!("stall:other{j}"), 2, 100, 0);
+    }
+    let paced = write_all
+        .join()
+        .expect("writer thread panicked")
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The slow reader has still read nothing; the others go on.
+    for (j, o) in others.iter_mut().enumerate() {
+        keep_working(o, &format!("stall:other{j}"), 2, 100, 100);
+        check(
+            o,
+            &cmd(&["GET", &bigs[j % 2]]),
+            &Resp::Bulk(values[j % 2].clone()),
+            "other",
+        );
+    }
+
+    read_expected(&mut slow, &expected, "stalled reader");
+    assert_eq!(slow.cmd(&["ECHO", "after"]), bulk("after"));
+    assert_eq!(
+        slow.cmd(&["GET", "stall:counter"]),
+        bulk(counter.to_string())
+    );
+    let short_after = info_int(&mut admin, "transactions", "short_sends");
+    eprintln!(
+        "replies_keep_order_across_a_stalled_reader: io_uring {uring}, {paced} of {GETS} \
+         chunks run before the stall, short_sends {short_before} -> {short_after}, \
+         batched_sends {}",
+        info_int(&mut admin, "transactions", "batched_sends")
+    );
+    if uring {
+        assert!(
+            short_after > short_before,
+            "24 MB of replies to a reader that read nothing, yet no send was cut short \
+             (short_sends {short_before} -> {short_after})"
+        );
+    }
+}
+
+/// Small groups (batched) and groups over 64 KiB (written at once) alternate on one
+/// connection, read while being written: nothing overtakes.
+#[test]
+fn small_and_large_reply_groups_keep_order() {
+    const ROUNDS: usize = 150;
+    let s = KiteServer::start(&[], 2);
+    let mut admin = client(&s);
+    let mut rng = Rng::new(0x6401);
+    let keys = keys_on_each_shard("mix:huge", 2);
+    let huge: Vec<Vec<u8>> = keys.iter().map(|_| value_of(&mut rng, 100_000)).collect();
+    for (k, v) in keys.iter().zip(&huge) {
+        assert_eq!(
+            admin.cmd(&[b"SET".as_slice(), k.as_bytes(), v.as_slice()]),
+            Resp::ok()
+        );
+    }
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut expected: Vec<(String, Resp)> = Vec::new();
+    let mut n = 0;
+    for i in 0..ROUNDS {
+        let mut chunk = Vec::new();
+        for j in 0..rng.range(1, 6) {
+            let m = format!("s{i}-{j}");
+            chunk.extend_from_slice(&encode_command(&["ECHO", &m]));
+            expected.push((format!("ECHO {m}"), bulk(&m)));
+        }
+        n += 1;
+        chunk.extend_from_slice(&encode_command(&["INCR", "mix:n"]));
+        expected.push((format!("INCR #{n}"), Resp::Integer(n)));
+        chunks.push(chunk);
+        if rng.chance(50) {
+            let which = rng.index(2);
+            chunks.push(encode_command(&["GET", &keys[which]]));
+            expected.push((
+                format!("GET {}", keys[which]),
+                Resp::Bulk(huge[which].clone()),
+            ));
+        }
+    }
+    let mut conn = client(&s);
+    let mut writer = conn.try_clone_stream();
+    writer.set_write_timeout(Some(REPLY_WAIT)).unwrap();
+    let reader = thread::spawn(move || {
+        read_expected(&mut conn, &expected, "mixed groups");
+        conn
+    });
+    for (i, chunk) in chunks.iter().enumerate() {
+        writer
+            .write_all(chunk)
+            .unwrap_or_else(|e| panic!("writing chunk {i}: {e}"));
+        if rng.chance(20) {
+            thread::sleep(Duration::from_micros(rng.range(20, 500) as u64));
+        }
+    }
+    let mut conn = reader.join().expect("reader failed");
+    assert_eq!(conn.cmd(&["PING"]), Resp::simple("PONG"));
+}
+
+// ---------------------------------------------------------------------------
+
+fn pubsub_msg(kind: &str, ch: &str, payload: Resp) -> Resp {
+    Resp::Array(vec![bulk(kind), bulk(ch), payload])
+}
+
+#[test]
+fn replies_before_subscribe_confirmation_and_messages() {
+    let s = KiteServer::start(&[], 2);
+    let mut publisher = client(&s);
+
+    // Replies made before SUBSCRIBE in the same pipeline, then its confirmation, then
+    // the message published once the subscription is seen.
+    let mut sub = client(&s);
+    let mut wire = Vec::new();
+    for c in [
+        cmd(&["SET", "ps:a", "1"]),
+        cmd(&["GET", "ps:a"]),
+        cmd(&["SUBSCRIBE", "ps:ch"]),
+    ] {
+        wire.extend_from_slice(&encode_command(&c));
+    }
+    sub.send_raw(&wire);
+    assert_eq!(sub.read(), Resp::ok(), "SET before SUBSCRIBE");
+    assert_eq!(sub.read(), bulk("1"), "GET before SUBSCRIBE");
+    assert_eq!(
+        sub.read(),
+        pubsub_msg("subscribe", "ps:ch", Resp::Integer(1)),
+        "SUBSCRIBE confirmation"
+    );
+    assert_eq!(
+        publisher.cmd(&["PUBLISH", "ps:ch", "hello"]),
+        Resp::Integer(1)
+    );
+    assert_eq!(sub.read(), pubsub_msg("message", "ps:ch", bulk("hello")));
+
+    // Another connection pipelines commands and PUBLISHes among them: its own replies in
+    // order, the messages in order.
+    const N: usize = 150;
+    let mut wire = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..N {
+        wire.extend_from_slice(&encode_command(&["INCR", "ps:n"]));
+        expected.push((format!("INCR #{i}"), Resp::Integer(i as i64 + 1)));
+        wire.extend_from_slice(&encode_command(&["PUBLISH", "ps:ch", &format!("x{i}")]));
+        expected.push((format!("PUBLISH x{i}"), Resp::Integer(1)));
+        wire.extend_from_slice(&encode_command(&["ECHO", &format!("e{i}")]));
+        expected.push((format!("ECHO e{i}"), bulk(format!("e{i}"))));
+    }
+    publisher.send_raw(&wire);
+    read_expected(&mut publisher, &expected, "pipelined PUBLISH");
+    for i in 0..N {
+        let got = sub
+            .try_read()
+            .unwrap_or_else(|e| panic!("message x{i}: {e}"));
+        assert_eq!(got, pubsub_msg("message", "ps:ch", bulk(format!("x{i}"))));
+    }
+
+    // The subscriber pipelines PINGs and more SUBSCRIBEs while messages keep coming from
+    // another thread: its own replies in order, the messages in order.
+    const PINGS: usize = 300;
+    let port = s.port;
+    let pub_thread = thread::spawn(move || {
+        let mut p = Client::connect(port);
+        p.set_timeout(Some(REPLY_WAIT));
+        for i in 0..PINGS {
+            let r = p.cmd(&["PUBLISH", "ps:ch", &format!("y{i}")]);
+            assert_eq!(r, Resp::Integer(1), "PUBLISH y{i}");
+            if i % 16 == 0 {
+                thread::sleep(Duration::from_micros(200));
+            }
+        }
+    });
+    let mut own: Vec<Resp> = Vec::new();
+    let mut wire = Vec::new();
+    let mut subscribed = 1;
+    for i in 0..PINGS {
+        wire.extend_from_slice(&encode_command(&["PING", &format!("p{i}")]));
+        own.push(Resp::Array(vec![bulk("pong"), bulk(format!("p{i}"))]));
+        if i % 60 == 59 {
+            subscribed += 1;
+            let ch = format!("ps:extra{i}");
+            wire.extend_from_slice(&encode_command(&["SUBSCRIBE", &ch]));
+            own.push(pubsub_msg("subscribe", &ch, Resp::Integer(subscribed)));
+        }
+    }
+    for piece in wire.chunks(500) {
+        sub.send_raw(piece);
+    }
+    let (mut next_own, mut next_msg) = (0, 0);
+    while next_own < own.len() || next_msg < PINGS {
+        let got = sub.try_read().unwrap_or_else(|e| {
+            panic!("subscriber: {next_own} own replies and {next_msg} messages read: {e}")
+        });
+        let is_message = got
+            .as_array()
+            .and_then(|a| a.first())
+            .is_some_and(|k| k == &bulk("message"));
+        if is_message {
+            assert_eq!(
+                got,
+                pubsub_msg("message", "ps:ch", bulk(format!("y{next_msg}"))),
+                "message {next_msg}"
+            );
+            next_msg += 1;
+        } else {
+            assert!(next_own < own.len(), "an extra reply {}", short(&got));
+            assert_eq!(got, own[next_own], "own reply {next_own}");
+            next_own += 1;
+        }
+    }
+    pub_thread.join().expect("publisher failed");
+    assert_eq!(
+        sub.cmd(&["UNSUBSCRIBE", "ps:ch"]),
+        pubsub_msg("unsubscribe", "ps:ch", Resp::Integer(subscribed - 1))
+    );
+}
+
+#[test]
+fn replies_before_resp3_push() {
+    let s = KiteServer::start(&[], 2);
+    let mut c = client(&s);
+    let hello = c.cmd(&["HELLO", "3"]);
+    assert!(matches!(hello, Resp::Map(_)), "HELLO 3 answered {hello}");
+    let mut wire = Vec::new();
+    for c in [
+        cmd(&["SET", "p3:a", "1"]),
+        cmd(&["GET", "p3:a"]),
+        cmd(&["SUBSCRIBE", "p3:ch"]),
+        cmd(&["INCR", "p3:a"]),
+    ] {
+        wire.extend_from_slice(&encode_command(&c));
+    }
+    c.send_raw(&wire);
+    assert_eq!(c.read(), Resp::ok());
+    assert_eq!(c.read(), bulk("1"));
+    assert_eq!(
+        c.read(),
+        Resp::Push(vec![bulk("subscribe"), bulk("p3:ch"), Resp::Integer(1)])
+    );
+    assert_eq!(c.read(), Resp::Integer(2));
+    let mut p = client(&s);
+    assert_eq!(p.cmd(&["PUBLISH", "p3:ch", "hi"]), Resp::Integer(1));
+    assert_eq!(
+        c.read(),
+        Resp::Push(vec![bulk("message"), bulk("p3:ch"), bulk("hi")])
+    );
+    // Replies to a pipeline and messages published meanwhile from another thread: each
+    // kind in its own order.
+    const N: usize = 200;
+    let port = s.port;
+    let publisher = thread::spawn(move || {
+        let mut p = Client::connect(port);
+        p.set_timeout(Some(REPLY_WAIT));
+        for i in 0..N {
+            assert_eq!(
+                p.cmd(&["PUBLISH", "p3:ch", &format!("z{i}")]),
+                Resp::Integer(1)
+            );
+        }
+    });
+    let wire: Vec<u8> = (0..N)
+        .flat_map(|_| encode_command(&["INCR", "p3:a"]))
+        .collect();
+    for piece in wire.chunks(300) {
+        c.send_raw(piece);
+    }
+    let (mut replies, mut messages) = (0, 0);
+    while replies < N || messages < N {
+        let got = c
+            .try_read()
+            .unwrap_or_else(|e| panic!("{replies} replies and {messages} messages read: {e}"));
+        if let Resp::Push(_) = got {
+            assert_eq!(
+                got,
+                Resp::Push(vec![
+                    bulk("message"),
+                    bulk("p3:ch"),
+                    bulk(format!("z{messages}"))
+                ]),
+                "message {messages}"
+            );
+            messages += 1;
+        } else {
+            assert_eq!(got, Resp::Integer(3 + replies as i64), "INCR {replies}");
+            replies += 1;
+        }
+    }
+    publisher.join().expect("publisher failed");
+    assert_eq!(c.cmd(&["GET", "p3:a"]), bulk((N + 2).to_string()));
+}
+
+// ---------------------------------------------------------------------------
+
+/// Waits (bounded) until INFO clients shows `n` blocked clients.
+fn wait_blocked(admin: &mut Client, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let b = info_int(admin, "clients", "blocked_clients");
+        if b == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "blocked_clients stayed {b}, expected {n}"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn replies_before_a_blocking_result() {
+    let s = KiteServer::start(&[], 2);
+    let mut admin = client(&s);
+    // The string key and the list on different threads.
+    let k = tag_on_shard("bk:k", 0, 2);
+    let q = tag_on_shard("bk:q", 1, 2);
+    let mut c = client(&s);
+    let mut wire = Vec::new();
+    for x in [
+        cmd(&["SET", &k, "v"]),
+        cmd(&["GET", &k]),
+        cmd(&["BLPOP", &q, "10"]),
+        cmd(&["ECHO", "after"]),
+    ] {
+        wire.extend_from_slice(&encode_command(&x));
+    }
+    c.send_raw(&wire);
+    // The replies made before BLPOP arrive while it is still blocked.
+    assert_eq!(c.read(), Resp::ok(), "SET before BLPOP");
+    assert_eq!(c.read(), bulk("v"), "GET before BLPOP");
+    wait_blocked(&mut admin, 1);
+    let mut pusher = client(&s);
+    assert_eq!(pusher.cmd(&["RPUSH", &q, "x"]), Resp::Integer(1));
+    assert_eq!(c.read(), Resp::Array(vec![bulk(&q), bulk("x")]), "BLPOP");
+    assert_eq!(c.read(), bulk("after"), "ECHO after BLPOP");
+
+    // And with a timeout instead of a push.
+    let q2 = tag_on_shard("bk:q2", 0, 2);
+    let mut wire = Vec::new();
+    for x in [
+        cmd(&["SET", &k, "w"]),
+        cmd(&["GET", &k]),
+        cmd(&["BLPOP", &q2, "0.3"]),
+        cmd(&["GET", &k]),
+    ] {
+        wire.extend_from_slice(&encode_command(&x));
+    }
+    c.send_raw(&wire);
+    assert_eq!(c.read(), Resp::ok());
+    assert_eq!(c.read(), bulk("w"));
+    assert_eq!(c.read(), Resp::NullArray, "BLPOP timed out");
+    assert_eq!(c.read(), bulk("w"));
+    assert_eq!(c.cmd(&["PING"]), Resp::simple("PONG"));
+    wait_blocked(&mut admin, 0);
+}
+
+// ---------------------------------------------------------------------------
+
+#[test]
+fn quit_after_a_pipeline_sends_every_reply_first() {
+    let s = KiteServer::start(&[], 2);
+    let keys = keys_on_each_shard("quit:k", 2);
+    let mut rng = Rng::new(0x0017);
+
+    // 100 small commands, then QUIT, in one write.
+    let mut c = client(&s);
+    let mut wire = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..100 {
+        let x = match i % 4 {
+            0 => cmd(&["INCR", &keys[0]]),
+            1 => cmd(&["INCR", &keys[1]]),
+            2 => cmd(&["ECHO", &format!("q{i}")]),
+            _ => cmd(&["GET", &keys[i % 8 / 4]]),
+        };
+        let want = match i % 4 {
+            0 | 1 => Resp::Integer(i as i64 / 4 + 1),
+            2 => bulk(format!("q{i}")),
+            _ => bulk(((i / 4) + 1).to_string()),
+        };
+        wire.extend_from_slice(&encode_command(&x));
+        expected.push((short_cmd(&x), want));
+    }
+    wire.extend_from_slice(&encode_command(&["QUIT"]));
+    c.send_raw(&wire);
+    read_expected(&mut c, &expected, "before QUIT");
+    assert_eq!(c.read(), Resp::ok(), "QUIT");
+    let (rest, closed) = c.read_raw_until_close(REPLY_WAIT);
+    assert!(closed, "the server did not close after QUIT");
+    assert!(rest.is_empty(), "{} bytes after QUIT's +OK", rest.len());
+
+    // Large replies still waiting to be sent when QUIT is read: all of them arrive.
+    let big: Vec<Vec<u8>> = keys.iter().map(|_| value_of(&mut rng, 40_000)).collect();
+    let mut admin = client(&s);
+    for (k, v) in keys.iter().zip(&big) {
+        assert_eq!(
+            admin.cmd(&[b"SET".as_slice(), k.as_bytes(), v.as_slice()]),
+            Resp::ok()
+        );
+    }
+    for round in 0..3 {
+        let mut c = client(&s);
+        let mut wire = Vec::new();
+        let mut expected = Vec::new();
+        for i in 0..100 {
+            let which = (i + round) % 2;
+            wire.extend_from_slice(&encode_command(&["GET", &keys[which]]));
+            expected.push((format!("GET #{i}"), Resp::Bulk(big[which].clone())));
+            wire.extend_from_slice(&encode_command(&["ECHO", &format!("r{round}-{i}")]));
+            expected.push((format!("ECHO #{i}"), bulk(format!("r{round}-{i}"))));
+        }
+        wire.extend_from_slice(&encode_command(&["QUIT"]));
+        c.send_raw(&wire);
+        if round == 1 {
+            // Let the server get far ahead of the reader first.
+            thread::sleep(Duration::from_millis(200));
+        }
+        read_expected(
+            &mut c,
+            &expected,
+            &format!("large replies before QUIT, round {round}"),
+        );
+        assert_eq!(c.read(), Resp::ok(), "QUIT");
+        let (rest, closed) = c.read_raw_until_close(REPLY_WAIT);
+        assert!(closed, "the server did not close after QUIT");
+        assert!(rest.is_empty(), "{} bytes after QUIT's +OK", rest.len());
+    }
+    assert_eq!(admin.cmd(&["PING"]), Resp::simple("PONG"));
+}
+
+// ---------------------------------------------------------------------------
+
+/// A script that runs about `ms` milliseconds by TIME, calling TIME at most
+/// `max_calls` times (so it ends even if TIME stood still), and returns the calls made.
+fn busy_script(ms: u64, max_calls: i64) -> String {
+    format!(
+        "local function now() local t = redis.call('TIME') \
+         return tonumber(t[1]) * 1000000 + tonumber(t[2]) end \
+         local start = now() local calls = 0 \
+         while calls < {max_calls} do calls = calls + 1 \
+         if now() - start > {us} then break end end \
+         return calls",
+        us = ms * 1000
+    )
+}
+
+#[test]
+fn busy_script_replies_keep_order() {
+    const RACE_ROUNDS: usize = 4;
+    // Only a bound in case TIME stood still: about 1.7 million calls a second here.
+    const BUSY_MAX_CALLS: i64 = 20_000_000;
+    let s = KiteServer::start(&[], 1);
+    let mut admin = client(&s);
+    let mut set_ok = admin.cmd(&["CONFIG", "SET", "busy-reply-threshold", "100"]);
+    if set_ok.is_error() {
+        set_ok = admin.cmd(&["CONFIG", "SET", "lua-time-limit", "100"]);
+    }
+    assert_eq!(set_ok, Resp::ok(), "CONFIG SET busy-reply-threshold 100");
+    let mut a = client(&s);
+    let mut b = client(&s);
+    assert_eq!(a.cmd(&["SET", "busy:x", "1"]), Resp::ok());
+
+    // Round 0: A is answered -BUSY while B's script runs (1.5 s), and works again after.
+    // Rounds 1..: A's pipeline and B's script are sent at (nearly) the same moment, so
+    // they may fall in the same pass. A's replies made before the script must not wait
+    // for it to end: the busy hook sends them, so A's next PING still meets the script.
+    // Each of A's two replies is either its own or -BUSY (if it came after the script
+    // started), and once -BUSY, -BUSY from then on.
+    let mut held_for_hook = 0;
+    for round in 0..=RACE_ROUNDS {
+        let script = busy_script(if round == 0 { 1500 } else { 800 }, BUSY_MAX_CALLS);
+        let key = format!("busy:y{round}");
+        let sent = Instant::now();
+        if round > 0 {
+            let mut wire = encode_command(&["SET", &key, "1"]);
+            wire.extend_from_slice(&encode_command(&["GET", &key]));
+            a.send_raw(&wire);
+        }
+        b.send(&["EVAL", script.as_str(), "0"]);
+        if round > 0 {
+            let mut busy_seen = false;
+            for (what, want) in [("SET", Resp::ok()), ("GET", bulk("1"))] {
+                let got = a
+                    .try_read()
+                    .unwrap_or_else(|e| panic!("round {round}: A's {what}: {e}"));
+                if got.error_text().is_some_and(|e| e.starts_with("BUSY")) {
+                    busy_seen = true;
+                } else {
+                    assert!(
+                        !busy_seen,
+                        "round {round}: A's {what} answered {got} after a BUSY"
+                    );
+                    assert_eq!(got, want, "round {round}: A's {what}");
+                }
+            }
+            let waited = sent.elapsed();
+            if !busy_seen && waited >= Duration::from_millis(80) {
+                held_for_hook += 1;
+            }
+            eprintln!(
+                "busy script round {round}: A's replies after {waited:?}, -BUSY among them: \
+                 {busy_seen}"
+            );
+        } else {
+            thread::sleep(Duration::from_millis(300));
+        }
+        // The script is still running: A is answered -BUSY.
+        let r = a.cmd(&["PING"]);
+        assert!(
+            r.error_text().is_some_and(|e| e.starts_with("BUSY")),
+            "round {round}: A's PING during the script answered {r} (if A's earlier replies \
+             only came when the script ended, the busy hook did not send them)"
+        );
+        // A pipeline during the script: -BUSY for each, in order.
+        let got = a.pipeline(&[cmd(&["PING"]), cmd(&["GET", "busy:x"]), cmd(&["ECHO", "e"])]);
+        for r in &got {
+            assert_err_prefix(r, "BUSY");
+        }
+        // The script ends; B gets its result, A works again.
+        let r = b
+            .try_read()
+            .unwrap_or_else(|e| panic!("round {round}: no EVAL result: {e}"));
+        let calls = r.as_int().unwrap_or_else(|| panic!("EVAL answered {r}"));
+        assert!(
+            calls > 0 && calls < BUSY_MAX_CALLS,
+            "EVAL returned {calls} (TIME stood still?)"
+        );
+        eprintln!("busy script round {round}: {calls} calls to TIME");
+        assert_eq!(a.cmd(&["PING"]), Resp::simple("PONG"), "round {round}");
+        assert_eq!(a.cmd(&["GET", "busy:x"]), bulk("1"));
+        assert_eq!(b.cmd(&["PING"]), Resp::simple("PONG"));
+    }
+    eprintln!(
+        "busy script: in {held_for_hook} of {RACE_ROUNDS} rounds A's replies waited for the \
+         busy hook"
+    );
+}
+
+// ---------------------------------------------------------------------------
+
+fn many_connections_at_once(threads: usize) {
+    // More than the 256 connections a batch holds before it is sent.
+    const CONNS: usize = 300;
+    const PIPE: usize = 20;
+    const ROUNDS: usize = 2;
+    let s = KiteServer::start(&[], threads);
+    let mut admin = client(&s);
+    let uring = sends_through_io_uring(&mut admin);
+    let before = info_int(&mut admin, "transactions", "batched_sends");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(CONNS));
+    let port = s.port;
+    let handles: Vec<_> = (0..CONNS)
+        .map(|i| {
+            let barrier = barrier.clone();
+            thread::Builder::new()
+                .name(format!("conn-{i}"))
+                .stack_size(256 * 1024)
+                .spawn(move || -> Result<(), String> {
+                    let mut c = Client::try_connect(port).map_err(|e| format!("connect: {e}"))?;
+                    c.set_timeout(Some(REPLY_WAIT));
+                    let key = format!("many:{i}");
+                    let wire: Vec<u8> = (0..PIPE)
+                        .flat_map(|_| encode_command(&["INCR", &key]))
+                        .collect();
+                    for round in 0..ROUNDS {
+                        barrier.wait();
+                        c.try_send_raw(&wire)
+                            .map_err(|e| format!("round {round}: write: {e}"))?;
+                        for j in 0..PIPE {
+                            let want = (round * PIPE + j + 1) as i64;
+                            let got = c.try_read().map_err(|e| {
+                                format!("round {round}: reply {j} (want {want}): {e}")
+                            })?;
+                            if got != Resp::Integer(want) {
+                                return Err(format!(
+                                    "round {round}: reply {j} is {got}, expected {want}"
+                                ));
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+                .unwrap()
+        })
+        .collect();
+    let failures: Vec<String> = handles
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, h)| match h.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("connection {i}: {e}")),
+            Err(_) => Some(format!("connection {i}: thread panicked")),
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "--threads {threads}: {} of {CONNS} connections failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    for i in [0, 57, 256, CONNS - 1] {
+        assert_eq!(
+            admin.cmd(&["GET", &format!("many:{i}")]),
+            bulk((ROUNDS * PIPE).to_string())
+        );
+    }
+    let after = info_int(&mut admin, "transactions", "batched_sends");
+    eprintln!("many connections, --threads {threads}: batched_sends {before} -> {after}");
+    if uring {
+        assert!(after > before, "batched_sends stayed at {after}");
+    }
+}
+
+#[test]
+fn many_connections_at_once_one_thread() {
+    many_connections_at_once(1);
+}
+
+#[test]
+fn many_connections_at_once_four_threads() {
+    many_connections_at_once(4);
+}
+
+// ---------------------------------------------------------------------------
+
+/// Opens a connection that asks for `gets` GETs of `key` and reads nothing, and waits
+/// (bounded) until the server has run them. Returns it and its CLIENT ID.
+fn stalled_reader(s: &KiteServer, admin: &mut Client, key: &str, gets: usize) -> (Client, i64) {
+    let mut c = client(s);
+    let id = c.cmd(&["CLIENT", "ID"]).as_int().expect("CLIENT ID");
+    let wire: Vec<u8> = (0..gets)
+        .flat_map(|_| encode_command(&["GET", key]))
+        .collect();
+    c.send_raw(&wire);
+    let deadline = Instant::now() + REPLY_WAIT;
+    loop {
+        let list = admin.cmd(&["CLIENT", "LIST", "ID", &id.to_string()]);
+        let text = list.as_string().unwrap_or_default();
+        if text.contains("cmd=get") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never ran the GETs: {text}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    (c, id)
+}
+
+/// Reads `c` to its end: it must reach EOF (or an error) within the read timeout.
+fn assert_closed(c: &mut Client, what: &str) {
+    let (bytes, closed) = c.read_raw_until_close(REPLY_WAIT);
+    assert!(
+        closed,
+        "{what}: the killed connection was still open ({} bytes read, then nothing for {:?})",
+        bytes.len(),
+        REPLY_WAIT
+    );
+}
+
+fn wait_gone(admin: &mut Client, id: i64) {
+    let deadline = Instant::now() + REPLY_WAIT;
+    loop {
+        let list = admin.cmd(&["CLIENT", "LIST", "ID", &id.to_string()]);
+        let text = list.as_string().unwrap_or_default();
+        if !text.contains(&format!("id={id} ")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "client {id} is still listed: {text}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn client_kill_of_a_stalled_reader() {
+    const BIG: usize = 2 << 20;
+    let s = KiteServer::start(&[], 2);
+    let mut admin = client(&s);
+    let mut rng = Rng::new(0x4B11);
+    let big = value_of(&mut rng, BIG);
+    assert_eq!(
+        admin.cmd(&[b"SET".as_slice(), b"kill:big".as_slice(), big.as_slice()]),
+        Resp::ok()
+    );
+
+    // By ID: 16 MB asked for, none read.
+    let (mut victim, id) = stalled_reader(&s, &mut admin, "kill:big", 8);
+    assert_eq!(
+        admin.cmd(&["CLIENT", "KILL", "ID", &id.to_string()]),
+        Resp::Integer(1),
+        "CLIENT KILL ID {id}"
+    );
+    assert_eq!(admin.cmd(&["PING"]), Resp::simple("PONG"));
+    assert_closed(&mut victim, "CLIENT KILL ID");
+    wait_gone(&mut admin, id);
+
+    // By address (the old form answers +OK), from a connection opened just for it.
+    let (mut victim, id) = stalled_reader(&s, &mut admin, "kill:big", 8);
+    let addr = victim.try_clone_stream().local_addr().unwrap().to_string();
+    let mut killer = client(&s);
+    assert_eq!(
+        killer.cmd(&["CLIENT", "KILL", &addr]),
+        Resp::ok(),
+        "CLIENT KILL {addr}"
+    );
+    assert_closed(&mut victim, "CLIENT KILL addr");
+    wait_gone(&mut admin, id);
+
+    // The server is fine: new connections, the big value intact, nobody left over.
+    let mut fresh = client(&s);
+    assert_eq!(
+        fresh.cmd(&["STRLEN", "kill:big"]),
+        Resp::Integer(BIG as i64)
+    );
+    assert_eq!(fresh.cmd(&["GET", "kill:big"]), Resp::Bulk(big));
+    keep_working(&mut fresh, "kill:after", 2, 20, 0);
+    assert_eq!(info_int(&mut admin, "clients", "connected_clients"), 3);
+}
+
+// ---------------------------------------------------------------------------
+
+/// A connection moved between threads again and again while its replies are still
+/// being sent: requests are written without waiting for replies, which another thread
+/// reads and checks, so a move often comes while the thread's batch holds some.
+#[test]
+fn migrating_connection_with_replies_in_flight() {
+    const PHASES: usize = 16;
+    const PER_PHASE: usize = 60;
+    let s = KiteServer::start(&["--migrate-connections", "yes"], 2);
+    let mut admin = client(&s);
+    let tags = [tag_on_shard("mf", 0, 2), tag_on_shard("mf", 1, 2)];
+    let before = info_int(&mut admin, "transactions", "migrations");
+    let mut rng = Rng::new(0x316F);
+    let mut model = Model::default();
+    let mut cmds: Vec<Cmd> = Vec::new();
+    let mut expected: Vec<(String, Resp)> = Vec::new();
+    for phase in 0..PHASES {
+        let tag = &tags[phase % 2];
+        let k = |name: &str| format!("{{{tag}}}:{name}");
+        for _ in 0..PER_PHASE {
+            let c: Cmd = match rng.below(8) {
+                0..=1 => {
+                    let mut c = cmd(&["SET", &k(&format!("s{}", rng.below(4)))]);
+                    c.push(random_value(&mut rng));
+                    c
+                }
+                2..=3 => cmd(&["GET", &k(&format!("s{}", rng.below(4)))]),
+                4 => cmd(&["INCR", &k("n")]),
+                5 => cmd(&["RPUSH", &k("l"), &format!("i{}", rng.below(1000))]),
+                6 => cmd(&["LLEN", &k("l")]),
+                _ => cmd(&["MGET", &k("s0"), &k("s3"), &k("n")]),
+            };
+            let want = model.apply(&c);
+            expected.push((short_cmd(&c), want));
+            cmds.push(c);
+        }
+    }
+    let mut conn = client(&s);
+    let mut writer = conn.try_clone_stream();
+    writer.set_write_timeout(Some(REPLY_WAIT)).unwrap();
+    let reader = thread::spawn(move || {
+        read_expected(&mut conn, &expected, "migrating connection");
+        conn
+    });
+    let mut i = 0;
+    while i < cmds.len() {
+        let n = (rng.range(1, 12) as usize).min(cmds.len() - i);
+        let wire: Vec<u8> = cmds[i..i + n]
+            .iter()
+            .flat_map(|c| encode_command(c))
+            .collect();
+        writer
+            .write_all(&wire)
+            .unwrap_or_else(|e| panic!("writing command {i}: {e}"));
+        i += n;
+        if rng.chance(10) {
+            thread::sleep(Duration::from_micros(rng.range(20, 400) as u64));
+        }
+    }
+    let mut conn = reader.join().expect("reader failed");
+    assert_eq!(conn.cmd(&["ECHO", "after"]), bulk("after"));
+    let after = info_int(&mut admin, "transactions", "migrations");
+    eprintln!("migrating_connection_with_replies_in_flight: migrations {before} -> {after}");
+    assert!(
+        after > before,
+        "the connection was never migrated (migrations {before} -> {after})"
+    );
 }
