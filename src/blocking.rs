@@ -1598,8 +1598,10 @@ async fn wait(
     claim: &Arc<AtomicBool>,
     timeout: Option<Duration>,
 ) -> Result<Delivery, Ended> {
-    // Replies to the commands pipelined before this one go out before it parks.
-    if !sess.out.buf.is_empty() {
+    // Replies to the commands pipelined before this one go out before it parks, after
+    // any the send batch still holds.
+    let owed = sess.stream.as_ref().is_some_and(|s| s.owes_output());
+    if !sess.out.buf.is_empty() || owed {
         crate::server::conn::await_durable(sess).await;
         // The blocked command's own reply, still to come, waits for the AOF in turn.
         sess.unflushed_replies = 1;

@@ -287,6 +287,8 @@ pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
             }
         }
         let wait = Duration::from_millis(pause.until_unix_ms - now);
+        // Earlier replies reach the client before the pause holds this one.
+        let _ = crate::net::stream_io::settle(sess.stream.as_deref()).await;
         let _ = tokio::time::timeout(wait, notify.notified()).await;
     }
 }

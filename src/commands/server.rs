@@ -34,6 +34,7 @@ pub(crate) struct ThreadReport {
     pub(crate) lock_waits: u64,
     pub(crate) dirty: u64,
     pub(crate) dirty_saved: u64,
+    pub(crate) event_loop: crate::net::LoopCounters,
 }
 
 pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
@@ -101,6 +102,7 @@ pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
         lock_waits: sh.locks.waited_total,
         dirty: sh.dirty,
         dirty_saved: sh.dirty_saved,
+        event_loop: crate::net::loop_counters(),
     }
 }
 
@@ -196,6 +198,9 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
         )
     };
     let sum = |i: usize| reports.iter().map(|r| r.counters[i]).sum::<u64>();
+    let loop_sum = |f: fn(&crate::net::LoopCounters) -> u64| {
+        reports.iter().map(|r| f(&r.event_loop)).sum::<u64>()
+    };
     let mut s = String::new();
     let uptime = shared.uptime_ms() / 1000;
     if show("server") {
@@ -417,7 +422,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_wakeups:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
@@ -432,9 +437,11 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
             sum(21),
             mailbox_sum(&worker.shared, |m| &m.messages),
             mailbox_sum(&worker.shared, |m| &m.wakeups),
-            crate::net::uring::BATCHES.load(Ordering::Relaxed),
-            crate::net::uring::BATCHED.load(Ordering::Relaxed),
-            crate::net::uring::SHORT.load(Ordering::Relaxed),
+            loop_sum(|c| c.passes),
+            loop_sum(|c| c.visits),
+            loop_sum(|c| c.send_batches),
+            loop_sum(|c| c.batched_sends),
+            loop_sum(|c| c.short_sends),
         );
     }
     // Sections end with a blank line; the reply ends after the last field.

@@ -17,6 +17,57 @@ use bytes::BytesMut;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+/// What this thread's loop did, for INFO (each thread reports its own; nothing shared
+/// is touched per pass).
+#[derive(Clone, Copy, Default)]
+pub struct LoopCounters {
+    /// Times the thread ran out of work and went to wait for more.
+    pub passes: u64,
+    /// Times a connection's task woke for its socket or a notification: with many idle
+    /// connections this grows with the active ones only.
+    pub visits: u64,
+    /// Send batches sent, sends in them, and sends the socket cut short (`uring`).
+    pub send_batches: u64,
+    pub batched_sends: u64,
+    pub short_sends: u64,
+}
+
+thread_local! {
+    static COUNTERS: Cell<LoopCounters> = const {
+        Cell::new(LoopCounters {
+            passes: 0,
+            visits: 0,
+            send_batches: 0,
+            batched_sends: 0,
+            short_sends: 0,
+        })
+    };
+}
+
+pub(crate) fn count(f: impl FnOnce(&mut LoopCounters)) {
+    COUNTERS.with(|c| {
+        let mut v = c.get();
+        f(&mut v);
+        c.set(v);
+    });
+}
+
+/// This thread's counters.
+pub fn loop_counters() -> LoopCounters {
+    COUNTERS.with(|c| c.get())
+}
+
+/// The thread is about to wait: the end of a pass.
+pub fn end_of_pass() {
+    count(|c| c.passes += 1);
+    uring::flush();
+}
+
+/// A connection's task woke and went round its loop once.
+pub fn count_visit() {
+    count(|c| c.visits += 1);
+}
+
 /// A client connection's socket.
 pub struct Stream {
     tcp: TcpStream,
@@ -63,11 +114,17 @@ impl Stream {
     /// untouched, when the connection must write them itself: no ring on this thread,
     /// TLS, a large reply, or bytes a cut-short send left behind.
     pub fn queue_for_pass(self: &Rc<Self>, buf: &mut BytesMut) -> bool {
-        if self.tls.is_some() || buf.len() > uring::MAX_QUEUED || !uring::enabled() {
+        if self.tls.is_some() || self.send_failed.get() || !uring::enabled() {
             return false;
         }
         {
             let mut unsent = self.unsent.borrow_mut();
+            // A connection whose replies pile up in one pass (a deep pipeline read in
+            // several turns) writes them itself past the limit, so its memory stays
+            // bounded and visible.
+            if unsent.len() + buf.len() > uring::MAX_QUEUED {
+                return false;
+            }
             if unsent.is_empty() {
                 std::mem::swap(&mut *unsent, buf);
                 buf.clear();
@@ -84,9 +141,10 @@ impl Stream {
         true
     }
 
-    /// Bytes handed to the batch are still unsent.
+    /// Bytes handed to the batch are still unsent (or were lost to a broken socket, which
+    /// the connection's next write reports).
     pub fn owes_output(&self) -> bool {
-        !self.unsent.borrow().is_empty()
+        self.send_failed.get() || !self.unsent.borrow().is_empty()
     }
 
     /// A send of the batch was cut short and the connection has not sent the rest yet.

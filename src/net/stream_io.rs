@@ -32,3 +32,13 @@ pub async fn stalled(stream: Option<&Stream>) {
         None => std::future::pending().await,
     }
 }
+
+/// Sends what the send batch still holds for this connection, waiting for the socket:
+/// for a command about to wait (a blocking pop, CLIENT PAUSE, WAIT), whose earlier
+/// replies nothing else would send until it ends.
+pub async fn settle(stream: Option<&Stream>) -> io::Result<()> {
+    match stream {
+        Some(s) if s.owes_output() => s.write_all(&[]).await,
+        _ => Ok(()),
+    }
+}

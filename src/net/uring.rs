@@ -9,12 +9,17 @@
 //!
 //! Every send carries `MSG_DONTWAIT`, so the kernel completes it inside the submitting
 //! call (sent, cut short, or `-EAGAIN`) rather than parking it: once `flush` returns no
-//! buffer is in the kernel's hands. Should a completion ever be missing, `flush` waits
-//! for it before it lets go of any buffer.
+//! buffer is in the kernel's hands. Should a completion ever be missing (a kernel that
+//! parks the send after all), `flush` cancels it and waits for the answer before it lets
+//! go of any buffer, and the thread stops using its ring. If even that fails, the buffer
+//! the kernel may still read is never freed or reused (`ABANDONED`) and its connection is
+//! closed: memory stays safe and the lost replies are not silent.
 
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::BytesMut;
 use std::sync::Mutex;
 
 use io_uring::{opcode, types, IoUring};
@@ -36,29 +41,35 @@ struct Batch {
     ring: IoUring,
     /// Connections with replies waiting, in the order they were handed over.
     waiting: Vec<Rc<Stream>>,
-    /// Connections whose last send was cut short: they send the rest themselves. Kept so
-    /// a busy script's hook can tell they are owed output (`owes_output`).
-    stalled: Vec<Weak<Stream>>,
 }
 
 thread_local! {
     static BATCH: RefCell<Option<Batch>> = const { RefCell::new(None) };
     static ON: Cell<bool> = const { Cell::new(false) };
+    /// Connections whose last batched send was cut short: they send the rest themselves.
+    /// Kept apart from the ring (it outlives a ring given up) so a busy script's hook can
+    /// tell they are owed output (`owes_output`).
+    static STALLED: RefCell<Vec<Weak<Stream>>> = const { RefCell::new(Vec::new()) };
+    /// Buffers the kernel might still read after the ring failed in the middle of a send:
+    /// kept for the thread's life rather than freed. Empty unless that ever happens.
+    static ABANDONED: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Threads whose replies go through a ring, and the reason the first one that could not
-/// set one up gave (INFO server).
-static THREADS_ON_RING: AtomicUsize = AtomicUsize::new(0);
-static SETUP_ERROR: Mutex<String> = Mutex::new(String::new());
+/// Marks the completions of cancellations, apart from those of sends (a send's is its
+/// index in the chunk).
+const CANCEL_TAG: u64 = 1 << 63;
 
-/// Passes that sent a batch, replies sent in them, and sends the socket cut short
-/// (INFO stats: `kite_send_batches`, `kite_batched_sends`, `kite_batch_short_sends`).
-pub static BATCHES: AtomicU64 = AtomicU64::new(0);
-pub static BATCHED: AtomicU64 = AtomicU64::new(0);
-pub static SHORT: AtomicU64 = AtomicU64::new(0);
+/// Threads whose replies go through a ring, and why the last one that could not set one
+/// up, or gave one up, did so (INFO server).
+static THREADS_ON_RING: AtomicUsize = AtomicUsize::new(0);
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+
+fn record_error(msg: &str) {
+    *LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()) = msg.to_string();
+}
 
 /// Sets up this thread's ring, unless `wanted` is false (`--event-loop epoll`). On any
-/// error the thread writes replies itself; the error is logged and kept for INFO.
+/// error the thread writes replies itself; the error is returned and kept for INFO.
 pub fn start_thread(wanted: bool) -> Result<bool, String> {
     if !wanted {
         return Ok(false);
@@ -73,7 +84,6 @@ pub fn start_thread(wanted: bool) -> Result<bool, String> {
                 *b.borrow_mut() = Some(Batch {
                     ring,
                     waiting: Vec::with_capacity(ENTRIES as usize),
-                    stalled: Vec::new(),
                 })
             });
             ON.with(|on| on.set(true));
@@ -82,10 +92,7 @@ pub fn start_thread(wanted: bool) -> Result<bool, String> {
         }
         Err(e) => {
             let msg = format!("io_uring setup failed: {e}");
-            let mut first = SETUP_ERROR.lock().unwrap_or_else(|p| p.into_inner());
-            if first.is_empty() {
-                *first = msg.clone();
-            }
+            record_error(&msg);
             Err(msg)
         }
     }
@@ -94,10 +101,7 @@ pub fn start_thread(wanted: bool) -> Result<bool, String> {
 /// What INFO server reports: how replies are sent, and why not through a ring if not.
 pub fn describe() -> (&'static str, String) {
     let on = THREADS_ON_RING.load(Ordering::Relaxed) > 0;
-    let err = SETUP_ERROR
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let err = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()).clone();
     (if on { "io_uring" } else { "write" }, err)
 }
 
@@ -121,31 +125,22 @@ pub(super) fn enqueue(stream: Rc<Stream>) {
     }
 }
 
-/// Whether the connection on `fd` still owes its client bytes a send cut short, so a
+/// Whether the connection on `fd` still owes its client bytes of a send cut short, so a
 /// busy script's hook must not answer it first.
 pub fn owes_output(fd: i32) -> bool {
-    BATCH.with(|b| {
-        let Ok(mut guard) = b.try_borrow_mut() else {
-            return false;
-        };
-        let Some(batch) = guard.as_mut() else {
-            return false;
-        };
-        batch
-            .stalled
-            .retain(|w| w.upgrade().is_some_and(|s| s.stalled_out()));
-        batch
-            .stalled
+    STALLED.with(|v| {
+        v.borrow()
             .iter()
-            .any(|w| w.upgrade().is_some_and(|s| s.raw_fd() == fd))
+            .filter_map(|w| w.upgrade())
+            .any(|s| s.raw_fd() == fd && s.owes_output())
     })
 }
 
 /// Sends every waiting connection's replies: one `io_uring_enter` per 256 connections.
-/// Called when the thread is about to sleep and wherever waiting would reorder output.
+/// Called at the end of each turn of the thread's tasks and wherever waiting would
+/// reorder output. Never re-entered: nothing it calls runs a task.
 pub fn flush() {
     BATCH.with(|b| {
-        // A flush already under way on this thread (cannot happen today) sends the rest.
         let Ok(mut guard) = b.try_borrow_mut() else {
             return;
         };
@@ -159,11 +154,12 @@ pub fn flush() {
         let mut healthy = true;
         for chunk in waiting.chunks(ENTRIES as usize) {
             if healthy {
-                healthy = send_chunk(batch, chunk);
+                healthy = send_chunk(&mut batch.ring, chunk);
             } else {
+                // Never handed to the kernel: the connections send them themselves.
                 for s in chunk {
                     s.in_batch.set(false);
-                    stall(&mut batch.stalled, s);
+                    stall(s);
                 }
             }
         }
@@ -171,11 +167,9 @@ pub fn flush() {
         // waited: their sockets close now, after the replies.
         waiting.clear();
         batch.waiting = waiting;
-        BATCHES.fetch_add(1, Ordering::Relaxed);
         if !healthy {
-            tracing::warn!(
-                "io_uring stopped working on this thread; replies are written one by one"
-            );
+            tracing::warn!("io_uring sends stopped working on this thread; replies are written one by one from now on");
+            record_error("io_uring sends failed at run time (see the log)");
             guard.take();
             ON.with(|on| on.set(false));
             THREADS_ON_RING.fetch_sub(1, Ordering::Relaxed);
@@ -183,16 +177,19 @@ pub fn flush() {
     });
 }
 
-/// Sends one chunk; false if the ring failed (the chunk's unsent connections are then
-/// told to send for themselves).
-fn send_chunk(batch: &mut Batch, chunk: &[Rc<Stream>]) -> bool {
+/// Sends one chunk; false if the ring is to be given up (every connection of the chunk
+/// has then been told what became of its bytes).
+fn send_chunk(ring: &mut IoUring, chunk: &[Rc<Stream>]) -> bool {
+    // Which entries went to the kernel, and which have had their answer.
+    let mut pushed = [false; ENTRIES as usize];
+    let mut answered = [false; ENTRIES as usize];
     let mut expected = 0usize;
     {
-        let mut sq = batch.ring.submission();
+        let mut sq = ring.submission();
         for (i, s) in chunk.iter().enumerate() {
             s.in_batch.set(false);
             let unsent = s.unsent.borrow();
-            if unsent.is_empty() {
+            if unsent.is_empty() || s.send_failed.get() {
                 continue;
             }
             let entry =
@@ -201,56 +198,103 @@ fn send_chunk(batch: &mut Batch, chunk: &[Rc<Stream>]) -> bool {
                     .build()
                     .user_data(i as u64);
             // SAFETY: the buffer stays alive and unchanged until this entry's completion
-            // is taken below, before this function returns: nothing else runs meanwhile
-            // on this thread, and the list holds the connection. A chunk never holds more
-            // entries than the ring has slots, and the ring is empty between chunks.
+            // is taken below, before this function returns (or, if the kernel never
+            // answers, for ever: `abandon`): nothing else runs meanwhile on this thread,
+            // and the list holds the connection. A chunk never holds more entries than the
+            // ring has slots, and the ring is empty between chunks.
             if unsafe { sq.push(&entry) }.is_err() {
                 unreachable!("a chunk fits the ring");
             }
+            pushed[i] = true;
             expected += 1;
         }
     }
     if expected == 0 {
         return true;
     }
-    let Batch { ring, stalled, .. } = batch;
-    let mut completed = 0usize;
-    let mut failures = 0usize;
-    let mut first = true;
-    while completed < expected {
-        // The first call only submits (the sends complete inside it); a later one, if
-        // any completion is missing, waits for it.
-        let want = if first { 0 } else { expected - completed };
-        first = false;
-        if let Err(e) = ring.submit_and_wait(want) {
-            failures += 1;
-            if failures < ENTER_RETRIES
-                && matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                )
-            {
-                continue;
+    // Submit. Nothing reached the kernel if this fails, and the ring (with the entries
+    // still in it) is dropped by the caller, so the connections send for themselves.
+    if let Err(e) = enter(ring, 0) {
+        tracing::warn!("io_uring_enter failed: {e}");
+        for s in chunk {
+            stall(s);
+        }
+        return false;
+    }
+    let mut left = expected;
+    for cqe in ring.completion() {
+        let i = cqe.user_data() as usize;
+        answered[i] = true;
+        left -= 1;
+        sent(&chunk[i], cqe.result());
+    }
+    super::count(|c| {
+        c.send_batches += 1;
+        c.batched_sends += expected as u64;
+    });
+    if left == 0 {
+        return true;
+    }
+    // This kernel parked a send instead of completing it in the call: cancel what is
+    // missing, wait for every answer, and stop using the ring.
+    {
+        let mut sq = ring.submission();
+        for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
+            let cancel = opcode::AsyncCancel::new(i as u64)
+                .build()
+                .user_data(CANCEL_TAG | i as u64);
+            // SAFETY: a cancellation carries no buffer.
+            if unsafe { sq.push(&cancel) }.is_err() {
+                unreachable!("the ring is empty but for the parked sends");
             }
-            tracing::warn!("io_uring_enter failed: {e}");
-            // The ring is dropped by the caller, so nothing left in it is ever sent:
-            // every connection still holding bytes sends them itself.
-            for s in chunk {
-                stall(stalled, s);
+        }
+    }
+    while left > 0 {
+        if let Err(e) = enter(ring, 1) {
+            tracing::warn!("io_uring_enter failed while cancelling parked sends: {e}");
+            for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
+                abandon(&chunk[i]);
             }
             return false;
         }
         for cqe in ring.completion() {
-            completed += 1;
-            sent(stalled, &chunk[cqe.user_data() as usize], cqe.result());
+            let tag = cqe.user_data();
+            if tag & CANCEL_TAG != 0 {
+                continue;
+            }
+            let i = tag as usize;
+            if !answered[i] {
+                answered[i] = true;
+                left -= 1;
+                sent(&chunk[i], cqe.result());
+            }
         }
     }
-    BATCHED.fetch_add(expected as u64, Ordering::Relaxed);
-    true
+    false
+}
+
+/// `io_uring_enter` submitting what is queued and waiting for `want` completions,
+/// retrying the errors that mean "try again".
+fn enter(ring: &IoUring, want: usize) -> std::io::Result<usize> {
+    let mut tries = 0;
+    loop {
+        match ring.submit_and_wait(want) {
+            Err(e)
+                if tries < ENTER_RETRIES
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) =>
+            {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Applies one send's result to its connection.
-fn sent(stalled: &mut Vec<Weak<Stream>>, s: &Rc<Stream>, result: i32) {
+fn sent(s: &Rc<Stream>, result: i32) {
     if result >= 0 {
         let mut unsent = s.unsent.borrow_mut();
         let n = (result as usize).min(unsent.len());
@@ -260,29 +304,40 @@ fn sent(stalled: &mut Vec<Weak<Stream>>, s: &Rc<Stream>, result: i32) {
         }
         bytes::Buf::advance(&mut *unsent, n);
         drop(unsent);
-        SHORT.fetch_add(1, Ordering::Relaxed);
-        stall(stalled, s);
-    } else if -result == libc::EAGAIN {
-        SHORT.fetch_add(1, Ordering::Relaxed);
-        stall(stalled, s);
+        super::count(|c| c.short_sends += 1);
+        stall(s);
+    } else if -result == libc::EAGAIN || -result == libc::ECANCELED {
+        // Nothing was sent: the connection sends it all itself.
+        super::count(|c| c.short_sends += 1);
+        stall(s);
     } else {
-        // The connection is gone or broken: it closes at its next write.
+        // The connection is broken. Its bytes stay, so it still owes output; its next
+        // write fails and it closes.
         s.send_failed.set(true);
-        s.unsent.borrow_mut().clear();
         s.stalled.notify_one();
     }
 }
 
 /// The socket took less than all: the connection sends the rest itself, waiting for the
 /// socket as any write does.
-fn stall(stalled: &mut Vec<Weak<Stream>>, s: &Rc<Stream>) {
-    if !s.unsent.borrow().is_empty() {
-        // The list holds only connections still owed output, each once.
-        stalled.retain(|w| {
-            w.upgrade()
-                .is_some_and(|o| o.stalled_out() && !Rc::ptr_eq(&o, s))
+fn stall(s: &Rc<Stream>) {
+    if s.owes_output() {
+        STALLED.with(|v| {
+            let mut v = v.borrow_mut();
+            if v.len() >= 64 {
+                v.retain(|w| w.upgrade().is_some_and(|o| o.stalled_out()));
+            }
+            v.push(Rc::downgrade(s));
         });
-        stalled.push(Rc::downgrade(s));
     }
+    s.stalled.notify_one();
+}
+
+/// The kernel may still read this connection's bytes: keep them for ever, and close the
+/// connection (its replies are lost, so it must not go on as if they were sent).
+fn abandon(s: &Rc<Stream>) {
+    let bytes = std::mem::take(&mut *s.unsent.borrow_mut());
+    ABANDONED.with(|a| a.borrow_mut().push(bytes));
+    s.send_failed.set(true);
     s.stalled.notify_one();
 }

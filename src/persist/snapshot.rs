@@ -378,6 +378,8 @@ pub async fn shutdown(worker: &Rc<Worker>, save: Option<bool>, force: bool) -> R
         }
     }
     tracing::warn!("Kite is now ready to exit, bye bye...");
+    // Replies this thread made in its last pass still go.
+    crate::net::uring::flush();
     std::process::exit(0);
 }
 

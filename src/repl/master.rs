@@ -547,6 +547,8 @@ async fn wait_for_acks(
         return n;
     }
     send_urgent(&worker, ReplMsg::GetAck);
+    // Earlier replies reach the client before WAIT holds this one.
+    let _ = stream_io::settle(sess.stream.as_deref()).await;
     let deadline =
         (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
     let (stream, handle) = (sess.stream.clone(), sess.handle.clone());

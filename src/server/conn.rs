@@ -547,6 +547,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             }
         }
         sess.handle.idle_read.set(false);
+        crate::net::count_visit();
     }
 }
 

@@ -97,7 +97,7 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
         .on_thread_park(move || {
             // The pass is over: its replies leave together, as Redis's beforeSleep
             // writes them.
-            crate::net::uring::flush();
+            crate::net::end_of_pass();
             // With one thread there is no answer from another thread to wait for.
             let yields = if parking.nshards() > 1 {
                 parking.tunables.park_yields.load(Ordering::Relaxed)
@@ -124,13 +124,22 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
         mailbox,
         deferred: RefCell::new(Default::default()),
     });
-    local.block_on(&runtime, async move {
+    let run = local.run_until(async move {
         tokio::task::spawn_local(housekeeping(worker.clone()));
         if worker.id == 0 {
             tokio::task::spawn_local(on_signals(worker.clone()));
         }
         serve_mailbox(&worker).await
     });
+    let mut run = std::pin::pin!(run);
+    runtime.block_on(std::future::poll_fn(|cx| {
+        let polled = std::future::Future::poll(run.as_mut(), cx);
+        // The thread's tasks had their turn (the LocalSet runs a bounded number per
+        // poll): the replies they made leave now. tokio may go on without parking (a
+        // task yielded, or more are ready), and its park hook runs only when it parks.
+        crate::net::uring::flush();
+        polled
+    }));
 }
 
 /// Mail run between yields, so connections on this thread are not starved by a flood of
