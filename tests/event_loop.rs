@@ -1321,13 +1321,11 @@ fn replies_keep_order_across_a_stalled_reader() {
          batched_sends {}",
         info_int(&mut admin, "transactions", "batched_sends")
     );
-    if uring {
-        assert!(
-            short_after > short_before,
-            "24 MB of replies to a reader that read nothing, yet no send was cut short \
-             (short_sends {short_before} -> {short_after})"
-        );
-    }
+    // Whether the send that found the socket full was a batched one (`short_sends`) is
+    // not asserted here: at two threads the writer's pacing can let two groups meet in
+    // one turn, and a group over 64 KiB is written directly (seen in CI). The test
+    // below checks that counter where the pacing is exact.
+    let _ = (uring, short_before, short_after);
 }
 
 /// Small groups (batched) and groups over 64 KiB (written at once) alternate on one
@@ -2160,4 +2158,64 @@ fn idle_connections_are_not_visited() {
         "{visits} connection visits over {passes} passes for 1000 requests"
     );
     drop(idle);
+}
+
+/// A batched send that finds the client's socket full is cut short, counted, and the
+/// rest follows once the client reads. At one thread the writer's pacing is exact: the
+/// watcher's GET is answered in the same turn's batch as the slow reader's replies or a
+/// later one, so each GET is its own group of replies.
+#[test]
+fn a_full_socket_cuts_a_batched_send_short() {
+    let s = KiteServer::start(&[], 1);
+    let mut admin = client(&s);
+    if !sends_through_io_uring(&mut admin) {
+        return;
+    }
+    let value = vec![b'v'; 48_000];
+    assert_eq!(
+        admin.cmd(&[b"SET".as_slice(), b"cut:big", &value]),
+        Resp::ok()
+    );
+    let short_before = info_int(&mut admin, "transactions", "short_sends");
+    let mut slow = client(&s);
+    let mut writer = slow.try_clone_stream();
+    writer.set_write_timeout(Some(REPLY_WAIT)).unwrap();
+    // Up to 2000 GETs (96 MB): the socket is full long before. Each is written once the
+    // server ran the one before; once 1 MB is out, one not run within a second means
+    // the server stopped for the full socket.
+    let mut sent = 0;
+    'pacing: for i in 0..2000 {
+        writer
+            .write_all(&encode_command(&["GET", "cut:big"]))
+            .unwrap();
+        writer
+            .write_all(&encode_command(&["INCR", "cut:step"]))
+            .unwrap();
+        sent += 1;
+        let since = Instant::now();
+        loop {
+            if admin.cmd(&["GET", "cut:step"]).parse_int().unwrap_or(0) > i {
+                break;
+            }
+            let waited = since.elapsed();
+            if waited > Duration::from_secs(1) && sent * value.len() > 1 << 20 {
+                break 'pacing;
+            }
+            assert!(waited < REPLY_WAIT, "GET #{i} not run");
+            thread::sleep(Duration::from_micros(100));
+        }
+    }
+    assert!(
+        sent < 2000,
+        "the server never stopped for a reader that reads nothing"
+    );
+    let short_after = info_int(&mut admin, "transactions", "short_sends");
+    assert!(
+        short_after > short_before,
+        "no batched send was cut short (short_sends {short_before} -> {short_after})"
+    );
+    for i in 0..sent {
+        assert_eq!(slow.read(), Resp::Bulk(value.clone()), "GET #{i}");
+        assert_eq!(slow.read(), Resp::Integer(i as i64 + 1), "INCR #{i}");
+    }
 }
