@@ -162,18 +162,26 @@ for k, v in pairs(redis_base) do lib_redis[k] = v end
 redis_base.register_function = nil
 local lib_globals = { redis = readonly(lib_redis) }
 
+local function missing_global(_, key)
+  error("Script attempted to access nonexistent global variable '" .. tostring(key) .. "'", 2)
+end
+-- A script's globals are read through `env`, whose __index is the table of real
+-- globals itself, so Lua finds KEYS, ARGV and redis without calling a function; only a
+-- name missing there too reaches `real`'s own __index (set last, below), which raises
+-- Redis's error.
 local env_meta = {
-  __index = function(_, key)
-    local value = rawget(real, key)
-    if value == nil then
-      error("Script attempted to access nonexistent global variable '" .. tostring(key) .. "'", 2)
-    end
-    return value
-  end,
+  __index = real,
   __newindex = deny_write,
 }
 -- getmetatable(_G) shows a read-only view of the globals' metatable, as in Redis.
-env_meta.__metatable = readonly({ __index = env_meta.__index, __newindex = deny_write })
+env_meta.__metatable = readonly({
+  __index = function(t, key)
+    local value = rawget(real, key)
+    if value == nil then missing_global(t, key) end
+    return value
+  end,
+  __newindex = deny_write,
+})
 local env = setmetatable({}, env_meta)
 real._G = env
 -- Precompiled bytecode is never loaded: Lua 5.1 does not verify it, and a crafted
@@ -229,6 +237,7 @@ local lib_env = setmetatable({}, {
   __metatable = false,
 })
 protected[lib_env] = true
+setmetatable(real, { __index = missing_global, __metatable = false })
 return env, run_script, run_function, setfenv, lib_env
 "#;
 
