@@ -912,42 +912,10 @@ fn park_yields_setting() {
 
     // An out-of-range or non-numeric flag stops the server at start-up.
     for bad in ["65", "x"] {
-        let dir = std::env::temp_dir().join(format!(
-            "kite-event-loop-badflag-{}-{bad}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let dir_arg = dir.to_string_lossy().into_owned();
-        let port = free_port().to_string();
-        let mut child = Command::new(kite_bin())
-            .args([
-                "--port",
-                port.as_str(),
-                "--bind",
-                "127.0.0.1",
-                "--threads",
-                "2",
-            ])
-            .args(["--save", "", "--dir", dir_arg.as_str()])
-            .args(["--park-yields", bad])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start kite");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break Some(st);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        let _ = std::fs::remove_dir_all(&dir);
+        let status = start_expecting_failure(
+            &format!("badflag-{bad}"),
+            &["--threads", "2", "--park-yields", bad],
+        );
         match status {
             Some(st) => assert!(!st.success(), "--park-yields {bad} exited with success"),
             None => panic!("--park-yields {bad} was accepted: the server kept running"),
