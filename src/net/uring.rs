@@ -237,15 +237,19 @@ fn send_chunk(ring: &mut IoUring, chunk: &[Rc<Stream>]) -> bool {
     }
     // This kernel parked a send instead of completing it in the call: cancel what is
     // missing, wait for every answer, and stop using the ring.
-    {
-        let mut sq = ring.submission();
-        for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
-            let cancel = opcode::AsyncCancel::new(i as u64)
-                .build()
-                .user_data(CANCEL_TAG | i as u64);
-            // SAFETY: a cancellation carries no buffer.
-            if unsafe { sq.push(&cancel) }.is_err() {
-                unreachable!("the ring is empty but for the parked sends");
+    for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
+        let cancel = opcode::AsyncCancel::new(i as u64)
+            .build()
+            .user_data(CANCEL_TAG | i as u64);
+        // SAFETY: a cancellation carries no buffer. Sends the kernel did not take yet
+        // may still fill the queue: submitting makes room (they complete as above).
+        while unsafe { ring.submission().push(&cancel) }.is_err() {
+            if let Err(e) = enter(ring, 0) {
+                tracing::warn!("io_uring_enter failed while cancelling parked sends: {e}");
+                for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
+                    abandon(&chunk[i]);
+                }
+                return false;
             }
         }
     }
