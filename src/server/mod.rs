@@ -95,8 +95,6 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .on_thread_park(move || {
-            // The pass is over: its replies leave together, as Redis's beforeSleep
-            // writes them.
             crate::net::end_of_pass();
             // With one thread there is no answer from another thread to wait for.
             let yields = if parking.nshards() > 1 {
@@ -168,8 +166,6 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
             }
             ran += 1;
             if ran == MAIL_PER_TURN {
-                // A yield does not park the thread, so replies made meanwhile go now.
-                crate::net::uring::flush();
                 tokio::task::yield_now().await;
                 ran = 0;
             }
