@@ -79,6 +79,9 @@ pub struct CompareArgs {
     /// ops: commands.
     #[arg(long, value_delimiter = ',', default_value = "set,get,lpush,rpop")]
     pub ops_commands: Vec<String>,
+    /// ops: client connections.
+    #[arg(long, default_value_t = 50)]
+    pub ops_connections: usize,
     /// ops: requests per case [default: 100000 × min(pipeline, 8)].
     #[arg(long, default_value_t = 0)]
     pub ops_requests: u64,
@@ -303,7 +306,7 @@ fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -
                 &OpsArgs {
                     commands: a.ops_commands.clone(),
                     pipeline: a.ops_pipeline.clone(),
-                    connections: 50,
+                    connections: a.ops_connections,
                     requests: a.ops_requests,
                     keyspace: 10_000,
                     data_size: 3,
@@ -818,6 +821,7 @@ mod tests {
             brpop_messages: 0,
             ops_pipeline: vec![],
             ops_commands: vec![],
+            ops_connections: 50,
             ops_requests: 0,
             latency_rate: 0,
             latency_seconds: 0.0,
