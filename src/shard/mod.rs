@@ -29,7 +29,7 @@ use crate::config::{Config, Tunables};
 use crate::protocol::reply::Reply;
 use crate::shard::clients::Clients;
 use crate::shard::logs::{Logs, SlowEntry};
-use crate::types::table::{Entry, Table};
+use crate::types::table::{Entry, Probe, Table};
 use crate::types::value::Value;
 use locks::{LockKeys, LockTable, Waiting};
 use placement::Placement;
@@ -599,24 +599,32 @@ impl Shard {
 
     /// Looks a key up, deleting it first if it has expired (lazy expiry).
     pub fn lookup(&mut self, db: usize, key: &[u8], now_ms: u64) -> Option<&mut Entry> {
-        let expired = match self.dbs[db].table.get(key) {
-            None => return None,
-            Some(e) => e.is_expired(now_ms),
-        };
-        if expired {
-            if self.shared.repl.is_replica() {
-                // A replica's keys go only when its master says so. Until then a write
-                // (the master's) still sees the key, a read does not.
-                return if self.writing {
-                    self.dbs[db].table.get_mut(key)
-                } else {
-                    None
-                };
+        match self.dbs[db].table.get_live_mut(key, now_ms) {
+            Probe::Missing => None,
+            Probe::Live(entry) => {
+                let entry: *mut Entry = entry;
+                // SAFETY: `entry` is a unique borrow of this shard's table, made through
+                // `&mut self` and handed straight back with that same lifetime; nothing
+                // touches the table in between. Only the conversion is needed: the
+                // borrow checker keeps a conditionally returned borrow alive in the other
+                // arms too (NLL's "problem case #3"), and re-borrowing would cost a second
+                // hash and probe on every keyed command.
+                Some(unsafe { &mut *entry })
             }
-            self.expire_key(db, key);
-            return None;
+            Probe::Expired => {
+                if self.shared.repl.is_replica() {
+                    // A replica's keys go only when its master says so. Until then a write
+                    // (the master's) still sees the key, a read does not.
+                    return if self.writing {
+                        self.dbs[db].table.get_mut(key)
+                    } else {
+                        None
+                    };
+                }
+                self.expire_key(db, key);
+                None
+            }
         }
-        self.dbs[db].table.get_mut(key)
     }
 
     /// Whether writes here must log their effects (the AOF is on).

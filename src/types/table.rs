@@ -32,6 +32,21 @@ impl Entry {
     }
 }
 
+/// What `Table::insert` replaced.
+pub struct Replaced {
+    pub value: Value,
+    pub expire_at: u64,
+    pub lru: u32,
+}
+
+/// A key looked up for writing.
+pub enum Probe<'a> {
+    Live(&'a mut Entry),
+    /// There, but past its expiry: the caller decides whether it goes.
+    Expired,
+    Missing,
+}
+
 struct Segment {
     entries: HashTable<Entry>,
     volatile: u32,
@@ -191,12 +206,54 @@ impl Table {
         self.segments[i].entries.find_mut(h, |e| &*e.key == key)
     }
 
-    /// Inserts or replaces the value of `key`, setting its expiry (0: none). Returns the
-    /// entry it replaced.
-    pub fn insert(&mut self, key: &[u8], value: Value, expire_at: u64, lru: u32) -> Option<Entry> {
-        let old = self.remove(key);
-        self.insert_new(key.into(), value, expire_at, lru);
-        old
+    /// The entry of `key` for writing, told apart from an expired one, in one probe:
+    /// every keyed command starts here, so a live key is found and handed back without
+    /// hashing it a second time.
+    pub fn get_live_mut(&mut self, key: &[u8], now_ms: u64) -> Probe<'_> {
+        let h = self.hash(key);
+        let i = self.seg_index(h);
+        self.before_write(i);
+        match self.segments[i].entries.find_mut(h, |e| &*e.key == key) {
+            None => Probe::Missing,
+            Some(e) if e.is_expired(now_ms) => Probe::Expired,
+            Some(e) => Probe::Live(e),
+        }
+    }
+
+    /// Sets `key` to `value` with its expiry (0: none), in one probe. A key already there
+    /// keeps its allocation and gets the new value in place; what it held comes back.
+    pub fn insert(
+        &mut self,
+        key: &[u8],
+        value: Value,
+        expire_at: u64,
+        lru: u32,
+    ) -> Option<Replaced> {
+        let h = self.hash(key);
+        let i = self.seg_index(h);
+        self.before_write(i);
+        let seg = &mut self.segments[i];
+        let Some(e) = seg.entries.find_mut(h, |e| &*e.key == key) else {
+            self.insert_hashed(h, i, key.into(), value, expire_at, lru);
+            return None;
+        };
+        match (e.expire_at != 0, expire_at != 0) {
+            (false, true) => {
+                seg.volatile += 1;
+                self.volatile += 1;
+            }
+            (true, false) => {
+                seg.volatile -= 1;
+                self.volatile -= 1;
+            }
+            _ => {}
+        }
+        let replaced = Replaced {
+            value: std::mem::replace(&mut e.value, value),
+            expire_at: std::mem::replace(&mut e.expire_at, expire_at),
+            lru: std::mem::replace(&mut e.lru, lru),
+        };
+        Some(replaced)
     }
 
     /// Inserts a key known to be absent.
@@ -204,6 +261,19 @@ impl Table {
         let h = self.hash(&key);
         let i = self.seg_index(h);
         self.before_write(i);
+        self.insert_hashed(h, i, key, value, expire_at, lru);
+    }
+
+    /// `insert_new` once the key's hash and segment are known and the segment is saved.
+    fn insert_hashed(
+        &mut self,
+        h: u64,
+        i: usize,
+        key: Box<[u8]>,
+        value: Value,
+        expire_at: u64,
+        lru: u32,
+    ) {
         let hasher = &self.hasher;
         let seg = &mut self.segments[i];
         if expire_at != 0 {
@@ -583,5 +653,56 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn replacing_in_place_keeps_counts_and_the_snapshot() {
+        let mut t = Table::new();
+        for i in 0..300 {
+            t.insert(
+                format!("k{i}").as_bytes(),
+                Value::Str(StrValue::Int(i)),
+                0,
+                7,
+            );
+        }
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        t.begin_snapshot(Box::new(Collect(seen.clone())));
+        // Overwrites while the snapshot runs: none of them may reach it.
+        for i in 0..300i64 {
+            let at = if i % 3 == 0 { 50 } else { 0 };
+            let old = t
+                .insert(
+                    format!("k{i}").as_bytes(),
+                    Value::Str(StrValue::Int(-i)),
+                    at,
+                    9,
+                )
+                .expect("replaced");
+            assert!(matches!(old.value, Value::Str(StrValue::Int(v)) if v == i));
+            assert_eq!((old.expire_at, old.lru), (0, 7));
+        }
+        assert_eq!(t.len(), 300);
+        assert_eq!(t.volatile_len(), 100);
+        // Clearing a TTL by overwriting, and setting one on a key that had none.
+        t.insert(b"k0", val(), 0, 0);
+        t.insert(b"k1", val(), 60, 0);
+        assert_eq!(t.volatile_len(), 100);
+        while t.snapshot_step(4).is_none() {}
+        let mut got = seen.borrow().clone();
+        got.sort();
+        let mut want: Vec<(Vec<u8>, i64)> = (0..300)
+            .map(|i| (format!("k{i}").into_bytes(), i))
+            .collect();
+        want.sort();
+        assert_eq!(got, want);
+        // One probe tells a live key from an expired or missing one.
+        assert!(matches!(t.get_live_mut(b"k3", 10), Probe::Live(_)));
+        assert!(matches!(t.get_live_mut(b"k3", 50), Probe::Expired));
+        assert!(matches!(t.get_live_mut(b"k2", 1 << 40), Probe::Live(_)));
+        assert!(matches!(t.get_live_mut(b"nope", 10), Probe::Missing));
+        if let Probe::Live(e) = t.get_live_mut(b"k5", 10) {
+            assert_eq!(e.lru, 9);
+        }
     }
 }
