@@ -404,24 +404,54 @@ impl RequestParser {
     }
 }
 
-/// Most arguments a request may have to take the fast path of [`whole_command`].
-const FAST_MAX_ARGS: usize = 16;
+/// Most arguments whose places [`whole_command`] keeps on the stack; a longer request
+/// keeps them in a vector.
+const FAST_STACK_ARGS: usize = 16;
 
-/// The common case, done cheaply: a multibulk request of a few arguments that is whole
-/// in the buffer, written the plain way (`*N\r\n`, then `$L\r\n<L bytes>\r\n` each).
-/// It is split off the buffer at once and its arguments are slices of that one piece:
-/// one split instead of one per argument and per header line. Anything else (an
-/// incomplete request, an empty or long one, an odd number, a NUL, a length past the
-/// limit) returns `None` without touching `buf`, and the incremental parser decides, so
-/// replies and errors stay exactly what it gives.
+/// The fewest bytes one argument takes: `$0\r\n\r\n`.
+const MIN_ARG_BYTES: usize = 6;
+
+/// The common case, done cheaply: a multibulk request that is whole in the buffer,
+/// written the plain way (`*N\r\n`, then `$L\r\n<L bytes>\r\n` each). It is split off the
+/// buffer at once and its arguments are slices of that one piece: one split instead of
+/// one per argument and per header line. Anything else (an incomplete request, an empty
+/// one, an odd number, a NUL, a length past the limit) returns `None` without touching
+/// `buf`, and the incremental parser decides, so replies and errors stay exactly what it
+/// gives. It is tried only where a request starts (the incremental parser carries on
+/// with a request it has begun), so a long request arriving in pieces is not rescanned.
+/// Long requests matter too: Sidekiq's BRPOP names every queue of a process, and
+/// the incremental parser costs several hundred instructions an argument (callgrind).
 fn whole_command(buf: &mut BytesMut, max_bulk_len: usize) -> Option<Vec<Bytes>> {
     let b = &buf[..];
-    let (count, mut pos) = plain_length(b, 0, b'*')?;
-    if count == 0 || count > FAST_MAX_ARGS {
+    let (count, pos) = plain_length(b, 0, b'*')?;
+    if count == 0 {
         return None;
     }
-    let mut spans = [(0usize, 0usize); FAST_MAX_ARGS];
-    for span in spans.iter_mut().take(count) {
+    if count <= FAST_STACK_ARGS {
+        let mut spans = [(0usize, 0usize); FAST_STACK_ARGS];
+        let end = bulk_spans(b, pos, max_bulk_len, &mut spans[..count])?;
+        return Some(split_frame(buf, end, &spans[..count]));
+    }
+    // A count the buffer cannot hold is left to the incremental parser before any vector
+    // of that size is made.
+    if count > (b.len() - pos) / MIN_ARG_BYTES || count as i64 > MAX_MULTIBULK_LEN {
+        return None;
+    }
+    let mut spans = vec![(0usize, 0usize); count];
+    let end = bulk_spans(b, pos, max_bulk_len, &mut spans)?;
+    Some(split_frame(buf, end, &spans))
+}
+
+/// Finds where each bulk of a request lies, starting at `pos`; returns where the request
+/// ends, or `None` if any bulk is not plain, too long or not all there.
+#[inline]
+fn bulk_spans(
+    b: &[u8],
+    mut pos: usize,
+    max_bulk_len: usize,
+    spans: &mut [(usize, usize)],
+) -> Option<usize> {
+    for span in spans {
         let (len, start) = plain_length(b, pos, b'$')?;
         if len > max_bulk_len {
             return None;
@@ -434,13 +464,15 @@ fn whole_command(buf: &mut BytesMut, max_bulk_len: usize) -> Option<Vec<Bytes>> 
         *span = (start, end);
         pos = end + 2;
     }
-    let frame = buf.split_to(pos).freeze();
-    Some(
-        spans[..count]
-            .iter()
-            .map(|&(start, end)| frame.slice(start..end))
-            .collect(),
-    )
+    Some(pos)
+}
+
+fn split_frame(buf: &mut BytesMut, end: usize, spans: &[(usize, usize)]) -> Vec<Bytes> {
+    let frame = buf.split_to(end).freeze();
+    spans
+        .iter()
+        .map(|&(start, end)| frame.slice(start..end))
+        .collect()
 }
 
 /// Reads `<marker><digits>\r\n` at `at`: a number with no sign and no leading zero
@@ -1263,7 +1295,12 @@ mod tests {
     fn random_frames(rng: &mut XorShift) -> Vec<u8> {
         let mut out = Vec::new();
         for _ in 0..1 + rng.below(4) {
-            let argc = rng.below(5);
+            // Now and then a long request (the fast path keeps those in a vector).
+            let argc = if rng.below(8) == 0 {
+                rng.below(300)
+            } else {
+                rng.below(5)
+            };
             let args: Vec<Vec<u8>> = (0..argc)
                 .map(|_| (0..rng.below(12)).map(|_| random_byte(rng)).collect())
                 .collect();
@@ -1409,8 +1446,8 @@ mod tests {
         let mut ping = BytesMut::from(&b"*1\r\n$4\r\nPING\r\n*1"[..]);
         assert_eq!(whole_command(&mut ping, 100), Some(b(&[b"PING"])));
         assert_eq!(&ping[..], b"*1");
-        // Sixteen arguments take the fast path; seventeen do not; both parse.
-        for n in [16usize, 17] {
+        // Sixteen arguments keep their places on the stack, more in a vector; all parse.
+        for n in [16usize, 17, 240] {
             let args: Vec<Vec<u8>> = (0..n).map(|i| format!("a{i}").into_bytes()).collect();
             let refs: Vec<&[u8]> = args.iter().map(|a| &a[..]).collect();
             let input = multibulk(&refs);
@@ -1419,6 +1456,12 @@ mod tests {
                 drive_with(slow(), [&input[..]], &limits())
             );
             assert_eq!(cmds(&input)[0].len(), n);
+            let mut whole = BytesMut::from(&input[..]);
+            assert_eq!(whole_command(&mut whole, 100).map(|a| a.len()), Some(n));
         }
+        // A count no buffer this size could hold goes to the incremental parser.
+        let mut huge = BytesMut::from(&b"*1000000\r\n$1\r\na\r\n"[..]);
+        assert_eq!(whole_command(&mut huge, 100), None);
+        assert_eq!(&huge[..], b"*1000000\r\n$1\r\na\r\n");
     }
 }
