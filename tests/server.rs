@@ -62,6 +62,70 @@ fn info_has_redis_fields_clients_rely_on() {
     );
 }
 
+/// INFO's avg_ttl is an estimate the active expiry keeps as it samples keys (as in
+/// Redis), at any number of keys with a TTL. It used to be an exact sum from walking every
+/// key of every database on each INFO, which held each thread for milliseconds per million
+/// keys on every call, and was skipped (reported as 0) past 10 000 keys with a TTL.
+#[test]
+fn avg_ttl_is_estimated_at_any_number_of_volatile_keys() {
+    // One thread: all 12 000 keys on one shard.
+    let s = KiteServer::start(&[], 1);
+    let mut c = s.client();
+    let cmds: Vec<Vec<String>> = (0..12_000)
+        .map(|i| {
+            vec![
+                "SET".into(),
+                format!("ttl:{i}"),
+                "v".into(),
+                "EX".into(),
+                "1000".into(),
+            ]
+        })
+        .collect();
+    for chunk in cmds.chunks(2_000) {
+        c.pipeline(chunk);
+    }
+    c.cmd(&["SET", "plain", "v"]);
+    let avg_ttl = |c: &mut Client| -> i64 {
+        let text = c.cmd(&["INFO", "keyspace"]).as_string().unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("db0:"))
+            .unwrap_or_else(|| panic!("no db0 in {text}"))
+            .to_string();
+        assert!(
+            line.starts_with("db0:keys=12001,expires=12000,avg_ttl="),
+            "{line}"
+        );
+        line.rsplit('=').next().unwrap().parse().unwrap()
+    };
+    // The active expiry runs ten times a second; its first samples set the estimate.
+    let mut last = 0;
+    assert!(
+        eventually(|| {
+            last = avg_ttl(&mut c);
+            last > 0
+        }),
+        "avg_ttl stayed 0 with 12 000 keys expiring in 1000 s"
+    );
+    assert!((900_000..=1_000_000).contains(&last), "avg_ttl={last}");
+    // No keys with a TTL: 0 again, once the expiry has looked.
+    for chunk in cmds.chunks(2_000) {
+        let persist: Vec<Vec<String>> = chunk
+            .iter()
+            .map(|c| vec!["PERSIST".into(), c[1].clone()])
+            .collect();
+        c.pipeline(&persist);
+    }
+    assert!(
+        eventually(|| {
+            let text = c.cmd(&["INFO", "keyspace"]).as_string().unwrap();
+            text.contains("db0:keys=12001,expires=0,avg_ttl=0")
+        }),
+        "avg_ttl not reset with no keys expiring"
+    );
+}
+
 #[test]
 fn single_key_connection_runs_inline_after_migration() {
     let s = KiteServer::start(&[], 4);

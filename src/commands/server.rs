@@ -22,6 +22,7 @@ pub(crate) struct ThreadReport {
     pub(crate) commands: Vec<CmdStat>,
     pub(crate) errors: HashMap<String, u64>,
     pub(crate) counters: [u64; 22],
+    /// Each database's keys, keys with a TTL, and the estimate of their average TTL.
     pub(crate) keyspace: Vec<(u64, u64, u64)>,
     pub(crate) ops_per_sec: u64,
     pub(crate) clients: u64,
@@ -40,7 +41,6 @@ pub(crate) struct ThreadReport {
 pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
     let sh = w.shard.borrow();
     let st = &sh.stats;
-    let now = unix_ms();
     ThreadReport {
         commands: st.commands.clone(),
         errors: st.errors.clone(),
@@ -72,17 +72,11 @@ pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
             .dbs
             .iter()
             .map(|db| {
-                let (keys, expires) = (db.table.len() as u64, db.table.volatile_len() as u64);
-                let ttl_sum: u64 = if expires > 0 && expires < 10_000 {
-                    db.table
-                        .iter()
-                        .filter(|e| e.expire_at() > now)
-                        .map(|e| e.expire_at() - now)
-                        .sum()
-                } else {
-                    0
-                };
-                (keys, expires, ttl_sum)
+                (
+                    db.table.len() as u64,
+                    db.table.volatile_len() as u64,
+                    db.avg_ttl,
+                )
             })
             .collect(),
         ops_per_sec: sh.ops_per_sec(),
@@ -399,14 +393,16 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
         s.push_str("# Keyspace\r\n");
         let dbs = reports.first().map_or(0, |r| r.keyspace.len());
         for db in 0..dbs {
-            let (mut keys, mut expires, mut ttl) = (0, 0, 0);
+            let (mut keys, mut expires, mut weighted) = (0u64, 0u64, 0u128);
             for r in &reports {
-                keys += r.keyspace[db].0;
-                expires += r.keyspace[db].1;
-                ttl += r.keyspace[db].2;
+                let (k, e, avg_ttl) = r.keyspace[db];
+                keys += k;
+                expires += e;
+                // Each shard's estimate counts as many times as it has keys to expire.
+                weighted += avg_ttl as u128 * e as u128;
             }
             if keys > 0 {
-                let avg = ttl.checked_div(expires).unwrap_or(0);
+                let avg = weighted.checked_div(expires as u128).unwrap_or(0);
                 let _ = write!(
                     s,
                     "db{}:keys={},expires={},avg_ttl={}\r\n",

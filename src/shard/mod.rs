@@ -384,6 +384,9 @@ impl Stats {
 pub struct Db {
     pub table: Table,
     expire_cursor: u64,
+    /// INFO's `avg_ttl`: a moving average of the remaining TTLs the active expiry samples,
+    /// kept as Redis keeps it, so INFO never walks the keys. 0 with no key to expire.
+    pub avg_ttl: u64,
 }
 
 /// One shard of the keyspace: its databases, locks, watched keys and counters.
@@ -445,6 +448,7 @@ impl Shard {
                 .map(|_| Db {
                     table: Table::new(),
                     expire_cursor: 0,
+                    avg_ttl: 0,
                 })
                 .collect(),
             locks: LockTable::default(),
@@ -754,19 +758,30 @@ impl Shard {
         let mut more = false;
         for db in 0..self.dbs.len() {
             if self.dbs[db].table.volatile_len() == 0 {
+                self.dbs[db].avg_ttl = 0;
                 continue;
             }
             let cursor = self.dbs[db].expire_cursor;
             let mut expired = Vec::new();
-            let (next, _checked) =
+            let step =
                 self.dbs[db]
                     .table
                     .expire_step(cursor, budget_segments, now_ms, |e: Entry| {
                         expired.push(e.key)
                     });
-            self.dbs[db].expire_cursor = next;
-            if next != 0 {
+            let d = &mut self.dbs[db];
+            d.expire_cursor = step.next;
+            if step.next != 0 {
                 more = true;
+            }
+            if step.live_sampled > 0 {
+                // Redis's weighting: each round of samples moves the estimate by 1/50.
+                let sampled = step.live_ttl_sum / step.live_sampled;
+                d.avg_ttl = if d.avg_ttl == 0 {
+                    sampled
+                } else {
+                    d.avg_ttl / 50 * 49 + sampled / 50
+                };
             }
             for key in expired {
                 self.log_effect(db, &[b"DEL".as_slice(), &key]);

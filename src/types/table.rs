@@ -32,6 +32,19 @@ impl Entry {
     }
 }
 
+/// What one step of active expiry did.
+#[derive(Default)]
+pub struct ExpireStep {
+    /// Where the next step starts; 0 when the walk is complete.
+    pub next: u64,
+    /// Keys with a TTL looked at.
+    pub checked: usize,
+    /// Remaining milliseconds summed over the keys with a TTL it saw alive, and how many:
+    /// the samples INFO's `avg_ttl` estimate is made of.
+    pub live_ttl_sum: u64,
+    pub live_sampled: u64,
+}
+
 /// What `Table::insert` replaced.
 pub struct Replaced {
     pub value: Value,
@@ -444,18 +457,18 @@ impl Table {
     }
 
     /// Walks at most `max_segments` segments holding volatile keys from `cursor`, removing
-    /// keys expired at `now_ms` and handing each to `on_expired`. Returns the next cursor
-    /// and how many volatile keys were checked.
+    /// keys expired at `now_ms` and handing each to `on_expired`. Returns the next cursor,
+    /// how many volatile keys were checked, and the remaining TTLs of those still alive.
     pub fn expire_step(
         &mut self,
         cursor: u64,
         max_segments: usize,
         now_ms: u64,
         mut on_expired: impl FnMut(Entry),
-    ) -> (u64, usize) {
+    ) -> ExpireStep {
         let mask = (self.segments.len() - 1) as u64;
         let mut v = cursor & mask;
-        let mut checked = 0;
+        let mut step = ExpireStep::default();
         let mut visited = 0;
         let mut walked = 0;
         loop {
@@ -463,11 +476,14 @@ impl Table {
             if self.segments[i].volatile > 0 {
                 visited += 1;
                 let seg = &mut self.segments[i];
-                checked += seg.volatile as usize;
+                step.checked += seg.volatile as usize;
                 let mut expired = Vec::new();
                 for e in seg.entries.iter() {
                     if e.is_expired(now_ms) {
                         expired.push(e.key.clone());
+                    } else if e.expire_at != 0 {
+                        step.live_ttl_sum = step.live_ttl_sum.saturating_add(e.expire_at - now_ms);
+                        step.live_sampled += 1;
                     }
                 }
                 for key in expired {
@@ -478,12 +494,13 @@ impl Table {
             }
             walked += 1;
             v = next_reverse_cursor(v, mask);
+            step.next = v;
             // A resize inside remove changes the mask: restart from the new cursor space.
             if (self.segments.len() - 1) as u64 != mask {
-                return (v, checked);
+                return step;
             }
             if v == 0 || visited >= max_segments || walked >= max_segments * 16 {
-                return (v, checked);
+                return step;
             }
         }
     }
@@ -587,8 +604,7 @@ mod tests {
         let mut expired = 0;
         let mut cursor = 0;
         loop {
-            let (c, _) = t.expire_step(cursor, 4, 15, |_| expired += 1);
-            cursor = c;
+            cursor = t.expire_step(cursor, 4, 15, |_| expired += 1).next;
             if cursor == 0 {
                 break;
             }
