@@ -774,9 +774,8 @@ impl Shard {
             if step.next != 0 {
                 more = true;
             }
-            if step.live_sampled > 0 {
+            if let Some(sampled) = step.live_ttl_sum.checked_div(step.live_sampled) {
                 // Redis's weighting: each round of samples moves the estimate by 1/50.
-                let sampled = step.live_ttl_sum / step.live_sampled;
                 d.avg_ttl = if d.avg_ttl == 0 {
                     sampled
                 } else {
