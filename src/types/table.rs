@@ -630,19 +630,35 @@ mod tests {
         }
     }
 
-    #[test]
-    fn snapshot_holds_the_table_as_it_began() {
+    /// A table of keys `k0..k{n}` holding their numbers, with a snapshot begun.
+    fn numbered_table_in_snapshot(n: i64, lru: u32) -> (Table, Saved) {
         let mut t = Table::new();
-        for i in 0..2_000 {
+        for i in 0..n {
             t.insert(
                 format!("k{i}").as_bytes(),
                 Value::Str(StrValue::Int(i)),
                 0,
-                0,
+                lru,
             );
         }
         let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         t.begin_snapshot(Box::new(Collect(seen.clone())));
+        (t, seen)
+    }
+
+    /// The snapshot saved exactly `k0..k{n}` with their numbers.
+    fn assert_saved_numbered(seen: &Saved, n: i64) {
+        let mut got = seen.borrow().clone();
+        got.sort();
+        let mut want: Vec<(Vec<u8>, i64)> =
+            (0..n).map(|i| (format!("k{i}").into_bytes(), i)).collect();
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn snapshot_holds_the_table_as_it_began() {
+        let (mut t, seen) = numbered_table_in_snapshot(2_000, 0);
         let mut finished = false;
         for round in 0..10_000i64 {
             // Change, add and remove keys between steps; grow well past the resize point.
@@ -662,28 +678,12 @@ mod tests {
         }
         assert!(finished);
         assert!(!t.snapshot_running());
-        let mut got = seen.borrow().clone();
-        got.sort();
-        let mut want: Vec<(Vec<u8>, i64)> = (0..2_000)
-            .map(|i| (format!("k{i}").into_bytes(), i))
-            .collect();
-        want.sort();
-        assert_eq!(got, want);
+        assert_saved_numbered(&seen, 2_000);
     }
 
     #[test]
     fn replacing_in_place_keeps_counts_and_the_snapshot() {
-        let mut t = Table::new();
-        for i in 0..300 {
-            t.insert(
-                format!("k{i}").as_bytes(),
-                Value::Str(StrValue::Int(i)),
-                0,
-                7,
-            );
-        }
-        let seen = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
-        t.begin_snapshot(Box::new(Collect(seen.clone())));
+        let (mut t, seen) = numbered_table_in_snapshot(300, 7);
         // Overwrites while the snapshot runs: none of them may reach it.
         for i in 0..300i64 {
             let at = if i % 3 == 0 { 50 } else { 0 };
@@ -705,13 +705,7 @@ mod tests {
         t.insert(b"k1", val(), 60, 0);
         assert_eq!(t.volatile_len(), 100);
         while t.snapshot_step(4).is_none() {}
-        let mut got = seen.borrow().clone();
-        got.sort();
-        let mut want: Vec<(Vec<u8>, i64)> = (0..300)
-            .map(|i| (format!("k{i}").into_bytes(), i))
-            .collect();
-        want.sort();
-        assert_eq!(got, want);
+        assert_saved_numbered(&seen, 300);
         // One probe tells a live key from an expired or missing one.
         assert!(matches!(t.get_live_mut(b"k3", 10), Probe::Live(_)));
         assert!(matches!(t.get_live_mut(b"k3", 50), Probe::Expired));
