@@ -1978,6 +1978,65 @@ fn client_kill_of_a_stalled_reader() {
     assert_eq!(info_int(&mut admin, "clients", "connected_clients"), 3);
 }
 
+/// The field `name=` of a CLIENT LIST line, as a number.
+fn list_field(line: &str, name: &str) -> u64 {
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name}= is not a number in {line}"))
+}
+
+/// CLIENT LIST shows replies a client has not taken (obl, oll, omem) and the memory its
+/// connection holds (tot-mem), as Redis does, so a slow consumer can be found by them.
+#[test]
+fn client_list_shows_a_stalled_readers_output() {
+    const BIG: usize = 2 << 20;
+    let s = KiteServer::start(&[], 1);
+    let mut admin = client(&s);
+    let mut rng = Rng::new(0x0B1);
+    let big = value_of(&mut rng, BIG);
+    assert_eq!(
+        admin.cmd(&[b"SET".as_slice(), b"obuf:big".as_slice(), big.as_slice()]),
+        Resp::ok()
+    );
+    // An idle client owes nothing.
+    let own = admin.cmd(&["CLIENT", "INFO"]).as_string().unwrap();
+    assert_eq!(list_field(&own, "obl"), 0, "{own}");
+    assert_eq!(list_field(&own, "oll"), 0, "{own}");
+    assert_eq!(list_field(&own, "omem"), 0, "{own}");
+    assert!(list_field(&own, "tot-mem") > 0, "{own}");
+
+    // 16 MB asked for and none read: most of it cannot be in the socket.
+    let (victim, id) = stalled_reader(&s, &mut admin, "obuf:big", 8);
+    let deadline = Instant::now() + REPLY_WAIT;
+    let line = loop {
+        let text = admin
+            .cmd(&["CLIENT", "LIST", "ID", &id.to_string()])
+            .as_string()
+            .unwrap();
+        // Kite waits for the socket one reply at a time here (Redis would hold all eight):
+        // at least most of one 2 MB reply is owed.
+        if list_field(&text, "omem") >= BIG as u64 / 2 {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "omem never showed the unsent replies: {text}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert!(list_field(&line, "obl") > 0, "{line}");
+    assert!(list_field(&line, "oll") > 0, "{line}");
+    assert!(
+        list_field(&line, "tot-mem") >= list_field(&line, "omem"),
+        "{line}"
+    );
+    drop(victim);
+    wait_gone(&mut admin, id);
+}
+
 // ---------------------------------------------------------------------------
 
 /// A connection moved between threads again and again while its replies are still

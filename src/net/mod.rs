@@ -153,6 +153,11 @@ impl Stream {
     }
 
     /// Bytes the unsent buffer holds room for (the connection's memory).
+    /// Reply bytes handed to the send batch and not yet in the socket.
+    pub fn unsent_len(&self) -> usize {
+        self.unsent.borrow().len()
+    }
+
     pub fn unsent_capacity(&self) -> usize {
         self.unsent.borrow().capacity()
     }

@@ -46,7 +46,17 @@ pub struct ClientInfo {
     /// Bytes of the request being run (Redis reports them as `qbuf` to the client
     /// asking, whose query buffer still holds them).
     pub qbuf: usize,
+    /// Reply bytes made but not yet taken by the socket, and the bytes the connection's
+    /// buffers hold, as of its last pass or of the write it waits in (CLIENT LIST's
+    /// obl/oll/omem and tot-mem).
+    pub out_pending: usize,
+    pub buffers: usize,
 }
+
+/// Redis keeps a client's replies in a 16 KB buffer, then in a list of blocks of that
+/// size; CLIENT LIST's obl, oll and omem describe them. Kite's replies are one buffer, shown
+/// the same way so that tools comparing omem across clients find slow readers.
+const REPLY_CHUNK: usize = 16 * 1024;
 
 pub const KIND_NORMAL: u8 = 0;
 pub const KIND_REPLICA: u8 = 1;
@@ -84,6 +94,8 @@ impl ClientInfo {
             tracking_broken: false,
             redir: -1,
             qbuf: 0,
+            out_pending: 0,
+            buffers: 0,
         }
     }
 
@@ -127,8 +139,9 @@ impl ClientInfo {
         if flags.is_empty() {
             flags.push('N');
         }
+        let obl = self.out_pending.min(REPLY_CHUNK);
         format!(
-            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir={} resp={} lib-name={} lib-ver={}",
+            "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl={} oll={} omem={} tot-mem={} events=r cmd={} user={} redir={} resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
             self.laddr,
@@ -144,6 +157,10 @@ impl ClientInfo {
             self.multi,
             self.qbuf,
             if self.qbuf > 0 { 20474 - self.qbuf.min(20474) } else { 0 },
+            obl,
+            self.out_pending.saturating_sub(obl).div_ceil(REPLY_CHUNK),
+            self.out_pending - obl,
+            self.buffers.max(self.out_pending),
             self.last_cmd,
             self.user,
             self.redir,
