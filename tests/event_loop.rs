@@ -1992,8 +1992,18 @@ fn list_field(line: &str, name: &str) -> u64 {
 /// connection holds (tot-mem), as Redis does, so a slow consumer can be found by them.
 #[test]
 fn client_list_shows_a_stalled_readers_output() {
+    stalled_output_listed(1);
+}
+
+/// The same with the asking client and the stalled one likely on different threads.
+#[test]
+fn client_list_shows_a_stalled_readers_output_threads4() {
+    stalled_output_listed(4);
+}
+
+fn stalled_output_listed(threads: usize) {
     const BIG: usize = 2 << 20;
-    let s = KiteServer::start(&[], 1);
+    let s = KiteServer::start(&[], threads);
     let mut admin = client(&s);
     let mut rng = Rng::new(0x0B1);
     let big = value_of(&mut rng, BIG);

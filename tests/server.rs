@@ -69,7 +69,17 @@ fn info_has_redis_fields_clients_rely_on() {
 #[test]
 fn avg_ttl_is_estimated_at_any_number_of_volatile_keys() {
     // One thread: all 12 000 keys on one shard.
-    let s = KiteServer::start(&[], 1);
+    avg_ttl_estimate(1);
+}
+
+/// The same over four shards: each thread's estimate, merged weighted by its keys.
+#[test]
+fn avg_ttl_is_estimated_over_threads() {
+    avg_ttl_estimate(4);
+}
+
+fn avg_ttl_estimate(threads: usize) {
+    let s = KiteServer::start(&[], threads);
     let mut c = s.client();
     let cmds: Vec<Vec<String>> = (0..12_000)
         .map(|i| {

@@ -40,7 +40,7 @@ fn context(sess: &Session) -> Context {
 }
 
 fn client_line(sess: &Session) -> String {
-    sess.handle.info.borrow().line(unix_ms())
+    sess.handle.line(unix_ms())
 }
 
 /// Checks a call for `user`; on a denial, counts it, logs it in ACL LOG under `context`

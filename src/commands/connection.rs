@@ -430,7 +430,7 @@ async fn client_sub(sess: &mut Session, args: &[Bytes]) {
             sess.out.ok();
         }
         "info" => {
-            let line = sess.handle.info.borrow().line(unix_ms());
+            let line = sess.handle.line(unix_ms());
             sess.out.verbatim(format!("{}\n", line).as_bytes());
         }
         "list" => {
@@ -471,7 +471,7 @@ async fn client_sub(sess: &mut Session, args: &[Bytes]) {
                     .filter_map(|h| {
                         let info = h.info.borrow();
                         let keep = kind.as_deref().is_none_or(|k| client_type_is(&info, k));
-                        keep.then(|| (info.id, info.line(now)))
+                        keep.then(|| (info.id, h.line(now)))
                     })
                     .collect();
                 v.sort();

@@ -152,12 +152,12 @@ impl Stream {
         !self.in_batch.get() && self.owes_output()
     }
 
-    /// Bytes the unsent buffer holds room for (the connection's memory).
     /// Reply bytes handed to the send batch and not yet in the socket.
     pub fn unsent_len(&self) -> usize {
         self.unsent.borrow().len()
     }
 
+    /// Bytes the unsent buffer holds room for (the connection's memory).
     pub fn unsent_capacity(&self) -> usize {
         self.unsent.borrow().capacity()
     }

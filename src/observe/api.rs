@@ -149,7 +149,7 @@ pub async fn state(worker: &Rc<Worker>, shown: &crate::net::http::Shown<'_>) -> 
             .borrow()
             .map
             .values()
-            .map(|h| h.info.borrow().line(now))
+            .map(|h| h.line(now))
             .collect();
         let slow: Vec<SlowLine> = w
             .shard

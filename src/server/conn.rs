@@ -349,29 +349,15 @@ async fn flush(sess: &mut Session) -> bool {
         }
     }
     // Shown by CLIENT LIST while the socket is full.
-    let pending = sess.out.buf.len() + sess.stream.as_ref().map_or(0, |s| s.unsent_len());
-    note_output(sess, pending, None);
+    sess.handle
+        .out_pending
+        .set(sess.out.buf.len() + sess.stream.as_ref().map_or(0, |s| s.unsent_len()));
     let ok = stream_io::write_all(sess.stream.as_deref(), &sess.out.buf)
         .await
         .is_ok();
     sess.out.buf.clear();
     sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
     ok
-}
-
-/// Records what CLIENT LIST reports of this connection's output and buffers; the info is
-/// borrowed only when a figure changed, not on every pass.
-fn note_output(sess: &Session, out_pending: usize, buffers: Option<usize>) {
-    let info = sess.handle.info.borrow();
-    let same = info.out_pending == out_pending && buffers.is_none_or(|b| b == info.buffers);
-    drop(info);
-    if !same {
-        let mut info = sess.handle.info.borrow_mut();
-        info.out_pending = out_pending;
-        if let Some(b) = buffers {
-            info.buffers = b;
-        }
-    }
 }
 
 /// Whether a command may change the dataset, so that its reply waits for the AOF.
@@ -515,14 +501,15 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         if rbuf.capacity() - rbuf.len() < 4096 {
             rbuf.reserve(16 * 1024);
         }
-        let buffers = rbuf.capacity()
-            + sess.out.buf.capacity()
-            + sess.stream.as_ref().map_or(0, |s| s.unsent_capacity())
-            + sess.push_queued.get()
-            + parser.held_bytes();
-        sess.handle.memory.set(buffers);
+        sess.handle.memory.set(
+            rbuf.capacity()
+                + sess.out.buf.capacity()
+                + sess.stream.as_ref().map_or(0, |s| s.unsent_capacity())
+                + sess.push_queued.get()
+                + parser.held_bytes(),
+        );
         // (Replies just handed to the send batch leave at the end of this turn: not counted.)
-        note_output(sess, sess.out.buf.len(), Some(buffers));
+        sess.handle.out_pending.set(sess.out.buf.len());
         // Nothing half-read and nothing owed: a busy script's hook may answer for us.
         sess.handle.idle_read.set(
             rbuf.is_empty()
@@ -557,7 +544,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                         QBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
                             "Closing client that reached max query buffer length: {} (qbuf initial bytes: {:?})",
-                            sess.handle.info.borrow().line(unix_ms()),
+                            sess.handle.line(unix_ms()),
                             String::from_utf8_lossy(&rbuf[..rbuf.len().min(64)])
                         );
                         return Exit::Closed;
@@ -585,7 +572,7 @@ pub fn close_for_output_limit(handle: &ClientHandle, class: &str) {
     OBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(
         "Client {} scheduled to be closed ASAP for overcoming of output buffer limits ({class}).",
-        handle.info.borrow().line(unix_ms())
+        handle.line(unix_ms())
     );
     handle.kill();
 }

@@ -398,7 +398,7 @@ fn evict_clients(worker: &Rc<Worker>) {
         }
         excess = excess.saturating_sub(size);
         shared.evicted_clients.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!("Evicting client: {}", h.info.borrow().line(unix_ms()));
+        tracing::warn!("Evicting client: {}", h.line(unix_ms()));
         h.kill();
     }
 }

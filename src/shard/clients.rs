@@ -46,11 +46,6 @@ pub struct ClientInfo {
     /// Bytes of the request being run (Redis reports them as `qbuf` to the client
     /// asking, whose query buffer still holds them).
     pub qbuf: usize,
-    /// Reply bytes made but not yet taken by the socket, and the bytes the connection's
-    /// buffers hold, as of its last pass or of the write it waits in (CLIENT LIST's
-    /// obl/oll/omem and tot-mem).
-    pub out_pending: usize,
-    pub buffers: usize,
 }
 
 /// Redis keeps a client's replies in a 16 KB buffer, then in a list of blocks of that
@@ -94,13 +89,12 @@ impl ClientInfo {
             tracking_broken: false,
             redir: -1,
             qbuf: 0,
-            out_pending: 0,
-            buffers: 0,
         }
     }
 
-    /// One line of CLIENT LIST, with Redis 7.2's fields in Redis's order.
-    pub fn line(&self, now_ms: u64) -> String {
+    /// One line of CLIENT LIST, with Redis 7.2's fields in Redis's order; `out_pending` and
+    /// `memory` are the handle's (`ClientHandle::line` passes them).
+    fn line(&self, now_ms: u64, out_pending: usize, memory: usize) -> String {
         let age = now_ms.saturating_sub(self.created_unix_ms) / 1000;
         let idle = now_ms.saturating_sub(self.last_interaction_unix_ms) / 1000;
         let mut flags = String::new();
@@ -139,7 +133,7 @@ impl ClientInfo {
         if flags.is_empty() {
             flags.push('N');
         }
-        let obl = self.out_pending.min(REPLY_CHUNK);
+        let obl = out_pending.min(REPLY_CHUNK);
         format!(
             "id={} addr={} laddr={} fd={} name={} age={} idle={} flags={} db={} sub={} psub={} ssub={} multi={} qbuf={} qbuf-free={} argv-mem=0 multi-mem=0 rbs=1024 rbp=0 obl={} oll={} omem={} tot-mem={} events=r cmd={} user={} redir={} resp={} lib-name={} lib-ver={}",
             self.id,
@@ -158,9 +152,9 @@ impl ClientInfo {
             self.qbuf,
             if self.qbuf > 0 { 20474 - self.qbuf.min(20474) } else { 0 },
             obl,
-            self.out_pending.saturating_sub(obl).div_ceil(REPLY_CHUNK),
-            self.out_pending - obl,
-            self.buffers.max(self.out_pending),
+            (out_pending - obl).div_ceil(REPLY_CHUNK),
+            out_pending - obl,
+            memory.max(out_pending),
             self.last_cmd,
             self.user,
             self.redir,
@@ -201,8 +195,11 @@ pub struct ClientHandle {
     pub hook_out: RefCell<Vec<u8>>,
     pub hook_touched: Cell<bool>,
     /// Bytes this connection's buffers hold (input, replies, queued messages), as of its
-    /// last pass: what `maxmemory-clients` counts.
+    /// last pass: what `maxmemory-clients` counts, and CLIENT LIST's tot-mem.
     pub memory: Cell<usize>,
+    /// Reply bytes made but not yet taken by the socket, as of the last pass or of the
+    /// write the connection waits in (CLIENT LIST's obl, oll and omem).
+    pub out_pending: Cell<usize>,
     /// The connection's push channel, once it has one (a CLIENT TRACKING redirect
     /// target is pushed to through it), and a receiver made for it by another
     /// connection that the session takes over at its next pass.
@@ -211,6 +208,13 @@ pub struct ClientHandle {
 }
 
 impl ClientHandle {
+    /// This connection's line of CLIENT LIST.
+    pub fn line(&self, now_ms: u64) -> String {
+        self.info
+            .borrow()
+            .line(now_ms, self.out_pending.get(), self.memory.get())
+    }
+
     pub fn new(info: ClientInfo) -> Rc<ClientHandle> {
         Rc::new(ClientHandle {
             info: RefCell::new(info),
@@ -227,6 +231,7 @@ impl ClientHandle {
             hook_out: RefCell::new(Vec::new()),
             hook_touched: Cell::new(false),
             memory: Cell::new(0),
+            out_pending: Cell::new(0),
             push: RefCell::new(None),
             adopt_rx: RefCell::new(None),
         })

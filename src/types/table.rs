@@ -32,6 +32,22 @@ impl Entry {
     }
 }
 
+/// Keeps a segment's and the table's counts of keys with a TTL right when a key's expiry
+/// goes from `was` to `now` (0: none).
+fn recount_volatile(segment: &mut u32, table: &mut usize, was: u64, now: u64) {
+    match (was != 0, now != 0) {
+        (false, true) => {
+            *segment += 1;
+            *table += 1;
+        }
+        (true, false) => {
+            *segment -= 1;
+            *table -= 1;
+        }
+        _ => {}
+    }
+}
+
 /// What one step of active expiry did.
 #[derive(Default)]
 pub struct ExpireStep {
@@ -250,17 +266,12 @@ impl Table {
             self.insert_hashed(h, i, key.into(), value, expire_at, lru);
             return None;
         };
-        match (e.expire_at != 0, expire_at != 0) {
-            (false, true) => {
-                seg.volatile += 1;
-                self.volatile += 1;
-            }
-            (true, false) => {
-                seg.volatile -= 1;
-                self.volatile -= 1;
-            }
-            _ => {}
-        }
+        recount_volatile(
+            &mut seg.volatile,
+            &mut self.volatile,
+            e.expire_at,
+            expire_at,
+        );
         let replaced = Replaced {
             value: std::mem::replace(&mut e.value, value),
             expire_at: std::mem::replace(&mut e.expire_at, expire_at),
@@ -289,10 +300,7 @@ impl Table {
     ) {
         let hasher = &self.hasher;
         let seg = &mut self.segments[i];
-        if expire_at != 0 {
-            seg.volatile += 1;
-            self.volatile += 1;
-        }
+        recount_volatile(&mut seg.volatile, &mut self.volatile, 0, expire_at);
         seg.entries.insert_unique(
             h,
             Entry {
@@ -318,10 +326,7 @@ impl Table {
             Ok(occupied) => occupied.remove().0,
             Err(_) => return None,
         };
-        if entry.expire_at != 0 {
-            seg.volatile -= 1;
-            self.volatile -= 1;
-        }
+        recount_volatile(&mut seg.volatile, &mut self.volatile, entry.expire_at, 0);
         self.len -= 1;
         if self.segments.len() > 1
             && self.len < self.segments.len() * SHRINK_AT
@@ -341,17 +346,12 @@ impl Table {
         let Some(e) = seg.entries.find_mut(h, |e| &*e.key == key) else {
             return false;
         };
-        match (e.expire_at != 0, expire_at != 0) {
-            (false, true) => {
-                seg.volatile += 1;
-                self.volatile += 1;
-            }
-            (true, false) => {
-                seg.volatile -= 1;
-                self.volatile -= 1;
-            }
-            _ => {}
-        }
+        recount_volatile(
+            &mut seg.volatile,
+            &mut self.volatile,
+            e.expire_at,
+            expire_at,
+        );
         e.expire_at = expire_at;
         true
     }
