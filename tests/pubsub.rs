@@ -282,3 +282,30 @@ fn sharded_pubsub_matches_redis() {
         }
     }
 }
+
+/// A RESP2 subscriber may only (un)subscribe, PING, QUIT and RESET, whichever thread its
+/// commands' keys live on. Pipelined keyed commands bound for another thread used to run
+/// there (they were batched past the check), replying +OK between the refusals.
+#[test]
+fn resp2_subscriber_is_refused_keyed_commands_on_every_thread() {
+    let s = KiteServer::start(&[], 4);
+    let mut sub = s.client();
+    sub.send(&["SUBSCRIBE", "ch"]);
+    assert_eq!(
+        read(&mut sub).as_array().unwrap()[0],
+        Resp::bulk("subscribe")
+    );
+    let keys = common::spread_keys("sub-refused:", 8);
+    let cmds: Vec<Vec<&str>> = keys.iter().map(|k| vec!["SET", k.as_str(), "v"]).collect();
+    for r in sub.pipeline(&cmds) {
+        common::assert_err_prefix(&r, "ERR Can't execute 'set'");
+    }
+    let mut admin = s.client();
+    for k in &keys {
+        assert_eq!(
+            admin.cmd(&["EXISTS", k]),
+            Resp::Integer(0),
+            "{k} was written"
+        );
+    }
+}

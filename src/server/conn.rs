@@ -15,7 +15,7 @@ use crate::protocol::parse::{ParseLimits, RequestParser};
 use crate::protocol::reply::Reply;
 use crate::server::session::{ReplyMode, Session};
 use crate::shard::clients::{ClientHandle, ClientInfo};
-use crate::shard::{run_batch_on, unix_ms, BatchSpec, Worker};
+use crate::shard::{exec_here, run_batch_on, unix_ms, BatchSpec, Worker};
 
 /// Commands parsed from the input before they are run as a group.
 const MAX_GROUP: usize = 1024;
@@ -697,38 +697,40 @@ fn migration_target(sess: &Session) -> Option<usize> {
     Some(shard)
 }
 
-/// If `cmd` is a plain keyed command whose keys all live on one other shard, and it may
-/// be batched with its neighbours, returns that shard.
-fn squash_target(
+/// The one shard a plain keyed command runs on, when none of `execute`'s checks could
+/// refuse it or change what it does. Such a command skips `execute` (and its chain of
+/// futures): bound for another shard it is batched with its neighbours, and on this
+/// thread's shard it runs inline (`run_inline`).
+fn plain_target(
     sess: &Session,
     cmd: Option<&'static Command>,
     args: &[Bytes],
     memo: &mut Option<Route>,
 ) -> Option<usize> {
     let cmd = cmd?;
-    // With one shard nothing is remote; the checks below cost about a hundred
-    // instructions a command (callgrind).
-    if sess.worker.nshards() == 1 {
-        return None;
-    }
+    let shared = &sess.worker.shared;
     if sess.multi.is_some()
         || sess.tracking
         || sess.reply_mode != ReplyMode::On
         || !sess.authenticated
+        // A RESP2 subscriber may run only (un)subscribe, PING, QUIT and RESET.
+        || (!sess.out.resp3 && sess.subscriptions() > 0)
         // A restricted user's commands go through `execute`, which checks them.
         || !sess.user.unrestricted
-        || sess.acl_version != sess.worker.shared.acl.version()
+        || sess.acl_version != shared.acl.version()
         // A busy script's shard answers BUSY, which `execute` decides.
-        || sess.worker.shared.busy_count.load(Ordering::Relaxed) > 0
-        || sess.worker.shared.monitors.load(Ordering::Relaxed) > 0
+        || shared.busy_count.load(Ordering::Relaxed) > 0
+        || shared.monitors.load(Ordering::Relaxed) > 0
+        // `execute` evicts first, or refuses what may grow memory.
+        || shared.over_maxmemory()
         || !cmd.arity_ok(args.len())
         || cmd.has(flags::BLOCKING)
+        || cmd.block.is_some()
         || !cmd.subcommands.is_empty()
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
-        || (cmd.has(flags::DENYOOM) && sess.over_maxmemory())
         || !squash_allowed_by_gate(sess, cmd)
         // In cluster mode only what the slot check serves at once skips `execute`.
-        || sess.worker.shared.cluster.as_deref().is_some_and(|c| {
+        || shared.cluster.as_deref().is_some_and(|c| {
             !matches!(
                 crate::cluster::redirect::check(c, sess, cmd, args),
                 crate::cluster::redirect::Check::Serve
@@ -738,9 +740,50 @@ fn squash_target(
         return None;
     }
     match *memo.get_or_insert_with(|| route(sess, cmd, args)) {
-        Route::Shard(s) if s != sess.worker.id => Some(s),
+        Route::Shard(s) => Some(s),
         _ => None,
     }
+}
+
+/// Runs a plain command (`plain_target`) on this thread's shard, as `execute` would have,
+/// when no lock holds its keys. False when it did not run (it then goes through
+/// `execute`, which waits for the lock). Work it leaves for after the command (events,
+/// blocked clients to serve) is done here; moves it set off are returned to wait for.
+fn run_inline(
+    sess: &mut Session,
+    cmd: &'static Command,
+    args: &[Bytes],
+) -> Option<Vec<tokio::sync::oneshot::Receiver<()>>> {
+    let worker = sess.worker.clone();
+    let f = cmd.exec_fn()?;
+    let pending = {
+        let mut shard = worker.shard.borrow_mut();
+        if !shard.locks.is_idle() {
+            let pos = cmd.key_positions(args);
+            if !shard.locks.is_free(pos.iter().map(|&i| &args[i][..])) {
+                return None;
+            }
+        }
+        shard.stats.inline += 1;
+        exec_here(
+            &mut shard,
+            cmd,
+            f,
+            args,
+            sess.db,
+            &mut sess.out,
+            sess.no_touch,
+        );
+        shard.blocking.has_ready() || !shard.events.is_empty() || shard.tracking.has_pending()
+    };
+    sess.note_command(cmd, args);
+    note_affinity(sess, worker.id, 1);
+    if !pending {
+        return Some(Vec::new());
+    }
+    crate::shard::after_command(&worker);
+    let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
+    Some(moves)
 }
 
 /// A squashed batch skips `execute`'s checks, so it is only formed when none could refuse
@@ -783,7 +826,22 @@ async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
             sess.unflushed_write = true;
             sess.wrote_since_wait = true;
         }
-        if let Some(target) = squash_target(sess, cmd, &args, &mut memo) {
+        let plain = plain_target(sess, cmd, &args, &mut memo);
+        if plain == Some(sess.worker.id) {
+            let c = cmd.expect("plain commands are known");
+            if let Some(moves) = run_inline(sess, c, &args) {
+                sess.asking = false;
+                if !moves.is_empty() {
+                    crate::shard::settle(moves).await;
+                }
+                if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
+                    sess.handle.kill();
+                    return;
+                }
+                continue;
+            }
+        }
+        if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
             let cmd = cmd.expect("squashable commands are known");
             let mut batch = VecDeque::new();
             sess.note_command(cmd, &args);
@@ -792,7 +850,7 @@ async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
             while let Some(next) = iter.peek() {
                 let next_cmd = table().lookup(&next[0]);
                 let mut next_memo = None;
-                if squash_target(sess, next_cmd, next, &mut next_memo) != Some(target) {
+                if plain_target(sess, next_cmd, next, &mut next_memo) != Some(target) {
                     carried = Some((next_cmd, next_memo));
                     break;
                 }
