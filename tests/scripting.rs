@@ -451,6 +451,35 @@ fn reply_to_lua(r: &mut Rec) {
 
 /// Lua numbers passed as command arguments. Only these steps tolerate the 7.0/7.2
 /// difference in how doubles become text (see the top of the file).
+/// `redis.call` with many arguments (more than the 16 whose places Kite keeps on the
+/// stack), numbers among strings, and empty strings, as against Redis.
+fn many_call_arguments(r: &mut Rec) {
+    let argv: Vec<String> = (0..40)
+        .map(|i| {
+            if i % 7 == 0 {
+                String::new()
+            } else {
+                format!("v{i}")
+            }
+        })
+        .collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    r.eval(
+        "redis.call('del', KEYS[1]); \
+         redis.call('rpush', KEYS[1], unpack(ARGV)); \
+         redis.call('rpush', KEYS[1], 1, 2.5, 'x', '', -3, 1e3, 'y', 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17); \
+         return redis.call('lrange', KEYS[1], 0, -1)",
+        &["many:list"],
+        &argv,
+    );
+    r.eval(
+        "return redis.call('mset', 'many:{a}1', 1, 'many:{a}2', '', 'many:{a}3', 3.5)",
+        &["many:{a}1"],
+        &[],
+    );
+    r.run(args!["MGET", "many:{a}1", "many:{a}2", "many:{a}3"]);
+}
+
 fn numbers_as_arguments(r: &mut Rec) {
     let d = Check::SameDouble;
     r.eval_as(
@@ -1200,6 +1229,7 @@ const CORE: &[(&str, Scenario)] = &[
     ("lua_to_reply", lua_to_reply),
     ("reply_to_lua", reply_to_lua),
     ("numbers_as_arguments", numbers_as_arguments),
+    ("many_call_arguments", many_call_arguments),
     ("keys_argv_binary", keys_argv_binary),
     ("error_texts", error_texts),
     ("shebang_and_read_only", shebang_and_read_only),

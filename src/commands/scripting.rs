@@ -75,8 +75,6 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
                 .error("ERR value is not an integer or out of range")
         }
     };
-    let keys = args[3..3 + numkeys].to_vec();
-    let argv = args[3 + numkeys..].to_vec();
     let (body, flags) = match kind {
         Kind::Eval => match scripting_mod::cache().add(&args[1]) {
             Ok(s) => {
@@ -117,7 +115,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             .error("OOM command not allowed when used memory > 'maxmemory'.");
     }
     let worker = sess.worker.clone();
-    let mut shards = keys.iter().map(|k| worker.shard_of(k));
+    let mut shards = args[3..3 + numkeys].iter().map(|k| worker.shard_of(k));
     let target = shards.next().unwrap_or(worker.id);
     let spread = shards.any(|s| s != target);
     let wide = match &body {
@@ -126,8 +124,8 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
     };
     let mut job = Job {
         body,
-        keys,
-        argv,
+        args,
+        keys_end: 3 + numkeys,
         db: sess.db,
         resp3: sess.out.resp3,
         no_touch: sess.no_touch,

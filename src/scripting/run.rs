@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use mlua::{Lua, MultiValue, Table, Value};
 
 use super::convert::lua_to_reply;
@@ -89,8 +89,11 @@ pub enum Body {
 #[derive(Clone)]
 pub struct Job {
     pub body: Body,
-    pub keys: Vec<Bytes>,
-    pub argv: Vec<Bytes>,
+    /// The whole call (`EVALSHA sha numkeys key... arg...`), owned rather than copied
+    /// into key and argument vectors: its keys are `args[3..keys_end]`, the script's
+    /// arguments what follows.
+    pub args: Vec<Bytes>,
+    pub keys_end: usize,
     pub db: usize,
     pub resp3: bool,
     pub no_touch: bool,
@@ -105,6 +108,16 @@ pub struct Job {
     /// The caller's ACL user when it is restricted: each `redis.call` is checked.
     pub user: Option<Arc<crate::acl::User>>,
     pub client_id: u64,
+}
+
+impl Job {
+    pub fn keys(&self) -> &[Bytes] {
+        &self.args[3..self.keys_end]
+    }
+
+    pub fn argv(&self) -> &[Bytes] {
+        &self.args[self.keys_end..]
+    }
 }
 
 /// The script has ended: each other shard it ran commands on serves its blocked clients
@@ -127,7 +140,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
     let mut out = Reply::new(job.resp3);
     if !job.global {
         let shard = worker.shard.borrow();
-        if !shard.locks.is_idle() && !shard.locks.is_free(job.keys.iter().map(|k| &k[..])) {
+        if !shard.locks.is_idle() && !shard.locks.is_free(job.keys().iter().map(|k| &k[..])) {
             return Outcome {
                 reply: out,
                 events: Vec::new(),
@@ -155,7 +168,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
             killed: false,
             user: job.user.clone(),
             client_id: job.client_id,
-            slot: job.keys.first().map(|k| crate::shard::placement::slot(k)),
+            slot: job.keys().first().map(|k| crate::shard::placement::slot(k)),
             cross_slot_ok: !job.flags.shebang || job.flags.allow_cross_slot,
         })
     });
@@ -181,13 +194,12 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
             match &job.body {
                 Body::Script(s) => {
                     let f = vm.compile(&s.sha, &s.code)?;
-                    vm.set_keys_argv(&job.keys, &job.argv)
-                        .map_err(|e| e.to_string())?;
-                    vm.run_script(&f).map_err(|e| e.to_string())
+                    vm.run_script_with(&f, job.keys(), job.argv())
+                        .map_err(|e| e.to_string())
                 }
                 Body::Function(name) => {
                     let f = super::functions::load_into(vm, name)?;
-                    vm.run_function(&f, &job.keys, &job.argv)
+                    vm.run_function(&f, job.keys(), job.argv())
                         .map_err(|e| e.to_string())
                 }
             }
@@ -200,10 +212,6 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
     super::vm::collect_if_large();
     mark_busy(worker, false);
     let run = RUN.with(|r| r.borrow_mut().take()).expect("set above");
-    let label = match &job.body {
-        Body::Script(s) => s.sha.clone(),
-        Body::Function(name) => name.clone(),
-    };
     // A restarted script wrote nothing; what it logged (lazy expiry) stays as it is.
     let effects = {
         let mut shard = worker.shard.borrow_mut();
@@ -236,7 +244,13 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         Ok(Ok(v)) => {
             super::vm::with_vm(|vm| lua_to_reply(&v, &mut out, run.resp3, 0, &vm.reply_keys))
         }
-        Ok(Err(e)) => error_reply(&e, &label, &mut out),
+        Ok(Err(e)) => {
+            let label = match &job.body {
+                Body::Script(s) => &s.sha,
+                Body::Function(name) => name,
+            };
+            error_reply(&e, label, &mut out)
+        }
     }
     {
         let mut shard = worker.shard.borrow_mut();
@@ -319,8 +333,9 @@ fn normalize_error(msg: &[u8]) -> Vec<u8> {
 
 thread_local! {
     /// The reply (or error text) of the last `redis.call`, read by the C side of
-    /// `redis.call` straight into Lua values. Reused, so a call allocates no buffer.
-    static CALL_OUT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// `redis.call` straight into Lua values. A command run here writes its reply into
+    /// this buffer (`call_reply`), so a call allocates and copies nothing for it.
+    static CALL_OUT: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
 /// The bytes `call_into_buffer` left, for the C side to read. Valid until the next call.
@@ -331,25 +346,35 @@ pub fn call_output() -> (*const u8, usize) {
     })
 }
 
+/// An empty reply over the call buffer's memory, for a command run on this thread.
+fn call_reply(resp3: bool) -> Reply {
+    let mut buf = CALL_OUT.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    buf.clear();
+    Reply::with_buf(buf, resp3)
+}
+
 /// `redis.call` and `redis.pcall` without Lua: runs one command and leaves its RESP
 /// reply in the call buffer. Returns true when the buffer holds an error text instead
 /// (normalized as Redis does: a code first), which `redis.call` raises.
-pub fn call_into_buffer(argv: Vec<Bytes>, bad_argument: bool) -> bool {
+pub fn call_into_buffer(argv: &[Bytes], bad_argument: bool) -> bool {
     let result = call_checked(argv, bad_argument);
     CALL_OUT.with(|b| {
         let mut b = b.borrow_mut();
-        b.clear();
         match result {
             Ok(reply) if reply.buf.first() == Some(&b'-') => {
                 let end = reply.buf.len().saturating_sub(2);
-                b.extend_from_slice(&normalize_error(&reply.buf[1..end]));
+                let text = normalize_error(&reply.buf[1..end]);
+                *b = reply.buf;
+                b.clear();
+                b.extend_from_slice(&text);
                 true
             }
             Ok(reply) => {
-                b.extend_from_slice(&reply.buf);
+                *b = reply.buf;
                 false
             }
             Err(msg) => {
+                b.clear();
                 b.extend_from_slice(&normalize_error(&msg));
                 true
             }
@@ -357,7 +382,7 @@ pub fn call_into_buffer(argv: Vec<Bytes>, bad_argument: bool) -> bool {
     })
 }
 
-fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> {
+fn call_checked(argv: &[Bytes], bad_argument: bool) -> Result<Reply, Vec<u8>> {
     if bad_argument {
         return Err(b"ERR Lua redis lib command arguments must be strings or integers".to_vec());
     }
@@ -375,11 +400,11 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
     if !cmd.arity_ok(argv.len()) {
         return Err(b"ERR Wrong number of args calling Redis command from script".to_vec());
     }
-    if cmd.has(flags::NOSCRIPT) || crate::commands::subcommand_has(cmd, &argv, "noscript") {
+    if cmd.has(flags::NOSCRIPT) || crate::commands::subcommand_has(cmd, argv, "noscript") {
         return Err(b"ERR This Redis command is not allowed from script".to_vec());
     }
     if !cmd.subcommands.is_empty() {
-        crate::commands::check_subcommand(cmd, &argv).map_err(String::into_bytes)?;
+        crate::commands::check_subcommand(cmd, argv).map_err(String::into_bytes)?;
     }
     RUN.with(|r| -> Result<Reply, Vec<u8>> {
         let mut guard = r.borrow_mut();
@@ -394,7 +419,7 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
                 user,
                 run.client_id,
                 cmd,
-                &argv,
+                argv,
                 &run.worker.shared,
             ) {
                 return Err(msg.into_bytes());
@@ -406,7 +431,7 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
         }
         if let Some(c) = run.worker.shared.cluster.as_deref() {
             let writes = cmd.has(flags::WRITE);
-            let keys = cmd.key_positions(&argv);
+            let keys = cmd.key_positions(argv);
             crate::cluster::redirect::script_access(
                 c,
                 keys.iter().map(|&p| &argv[p][..]),
@@ -427,16 +452,9 @@ fn call_checked(argv: Vec<Bytes>, bad_argument: bool) -> Result<Reply, Vec<u8>> 
             && !cmd.has(flags::SKIP_MONITOR)
             && !cmd.has(flags::ADMIN)
         {
-            crate::commands::server::feed_monitor_line(
-                &run.worker,
-                run.db,
-                "lua",
-                cmd,
-                &argv,
-                None,
-            );
+            crate::commands::server::feed_monitor_line(&run.worker, run.db, "lua", cmd, argv, None);
         }
-        dispatch(run, cmd, &argv)
+        dispatch(run, cmd, argv)
     })
 }
 
@@ -477,7 +495,7 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
     }
     let (db, no_touch, resp3) = (run.db, run.no_touch, run.resp3);
     if here {
-        let mut reply = Reply::new(resp3);
+        let mut reply = call_reply(resp3);
         let mut shard = worker.shard.borrow_mut();
         exec_here(&mut shard, cmd, f, argv, db, &mut reply, no_touch);
         return Ok(reply);

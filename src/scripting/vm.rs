@@ -272,6 +272,15 @@ pub fn collect_if_large() {
     });
 }
 
+/// Most calls have a few arguments: their ends are kept here instead of in a vector.
+const ARGS_ON_STACK: usize = 16;
+
+thread_local! {
+    /// `redis.call`'s argument buffer and vector, reused from call to call.
+    static CALL_ARGS: std::cell::RefCell<(bytes::BytesMut, Vec<bytes::Bytes>)> =
+        std::cell::RefCell::new((bytes::BytesMut::new(), Vec::new()));
+}
+
 /// `redis.call` is a C function, as in Redis: a command error is raised as the `{err=}`
 /// table itself (so `pcall(redis.call, ...)` gets the table), and a script's
 /// `return redis.call(...)` keeps its own frame, so errors name the script's line.
@@ -292,27 +301,52 @@ unsafe fn call_through(state: *mut mlua::ffi::lua_State, raise: bool) -> std::os
     use mlua::ffi;
     let is_error = {
         let n = ffi::lua_gettop(state);
-        let mut argv: Vec<bytes::Bytes> = Vec::with_capacity(n.max(0) as usize);
+        // The arguments are copied into one reused buffer and handed over as slices of it:
+        // no allocation per argument, or per call once the buffer is big enough.
+        let (mut buf, mut argv) = CALL_ARGS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+        let many = n as usize > ARGS_ON_STACK;
+        let mut stack_ends = [0usize; ARGS_ON_STACK];
+        let mut heap_ends = Vec::new();
+        let mut count = 0;
         let mut bad = false;
         for i in 1..=n {
             match ffi::lua_type(state, i) {
                 ffi::LUA_TSTRING => {
                     let mut len = 0usize;
                     let p = ffi::lua_tolstring(state, i, &mut len) as *const u8;
-                    argv.push(bytes::Bytes::copy_from_slice(std::slice::from_raw_parts(
-                        p, len,
-                    )));
+                    buf.extend_from_slice(std::slice::from_raw_parts(p, len));
                 }
-                ffi::LUA_TNUMBER => argv.push(bytes::Bytes::from(
-                    crate::protocol::reply::format_double(ffi::lua_tonumber(state, i)),
-                )),
+                ffi::LUA_TNUMBER => buf.extend_from_slice(
+                    crate::protocol::reply::format_double(ffi::lua_tonumber(state, i)).as_bytes(),
+                ),
                 _ => {
                     bad = true;
                     break;
                 }
             }
+            if many {
+                heap_ends.push(buf.len());
+            } else {
+                stack_ends[count] = buf.len();
+            }
+            count += 1;
         }
-        run::call_into_buffer(argv, bad)
+        let ends = if many {
+            &heap_ends[..]
+        } else {
+            &stack_ends[..count]
+        };
+        let all = buf.split().freeze();
+        let mut start = 0;
+        for &end in ends {
+            argv.push(all.slice(start..end));
+            start = end;
+        }
+        drop(all);
+        let is_error = run::call_into_buffer(&argv, bad);
+        argv.clear();
+        CALL_ARGS.with(|c| *c.borrow_mut() = (buf, argv));
+        is_error
     };
     let (ptr, len) = run::call_output();
     ffi::lua_settop(state, 0);
@@ -423,10 +457,17 @@ impl Vm {
         Ok(f)
     }
 
-    /// Sets KEYS and ARGV, as Redis sets them before each script.
-    pub fn set_keys_argv(&self, keys: &[bytes::Bytes], argv: &[bytes::Bytes]) -> mlua::Result<()> {
-        // One protected call builds both tables on the raw stack (the globals table is
-        // its argument at index 1), instead of one per string.
+    /// Sets KEYS and ARGV, as Redis sets them before each script, and runs the compiled
+    /// script under the error handler: Ok(value) or Err(error table). One protected call
+    /// does both, with the arguments built on the raw stack: no Lua string or closure is
+    /// made per argument, and no vector for the results.
+    pub fn run_script_with(
+        &self,
+        f: &Function,
+        keys: &[bytes::Bytes],
+        argv: &[bytes::Bytes],
+    ) -> mlua::Result<Result<Value, Value>> {
+        // The globals table is at index 1; each array is set as its field `name`.
         unsafe fn fill(
             state: *mut mlua::ffi::lua_State,
             name: &std::ffi::CStr,
@@ -441,15 +482,22 @@ impl Vm {
             ffi::lua_setfield(state, 1, name.as_ptr());
         }
         // SAFETY: only stack operations on the state mlua hands us, inside its protected
-        // call; nothing here owns memory that an error could skip.
-        unsafe {
-            self.lua.exec_raw::<()>(self.real.clone(), |state| {
-                mlua::ffi::luaL_checkstack(state, 4, c"KEYS".as_ptr());
-                fill(state, c"KEYS", keys);
-                fill(state, c"ARGV", argv);
-                mlua::ffi::lua_settop(state, 0);
-            })
-        }
+        // call; nothing here owns memory that a Lua error could skip. `run_script` is
+        // `xpcall` under the error handler, so the script's own errors come back as
+        // values; what still raises (out of memory) leaves through mlua's protection.
+        let (ok, value): (bool, Value) = unsafe {
+            self.lua
+                .exec_raw((&self.real, &self.run_script, f), |state| {
+                    use mlua::ffi;
+                    ffi::luaL_checkstack(state, 4, c"KEYS".as_ptr());
+                    fill(state, c"KEYS", keys);
+                    fill(state, c"ARGV", argv);
+                    // run_script, f: call it for its two results.
+                    ffi::lua_remove(state, 1);
+                    ffi::lua_call(state, 1, 2);
+                })?
+        };
+        Ok(if ok { Ok(value) } else { Err(value) })
     }
 
     pub fn strings(&self, items: &[bytes::Bytes]) -> mlua::Result<Table> {

@@ -147,6 +147,11 @@ impl Effects {
     /// Puts what came after `m` inside MULTI/EXEC when it is more than one command, as
     /// Redis propagates a transaction or a script.
     pub fn wrap_since(&mut self, m: Mark) {
+        // One command or none needs no wrapping (taking it out and putting it back
+        // would give the same bytes); a script usually writes once.
+        if self.count.saturating_sub(m.count) <= 1 {
+            return;
+        }
         let p = self.take_since(m);
         self.push_piece(wrap(vec![p]));
     }
