@@ -922,6 +922,12 @@ fn apply_undo(sh: &mut Shard, undo: Undo) {
 /// under a millisecond rounds up to one.
 pub fn parse_timeout(arg: &[u8]) -> Result<Option<Duration>, &'static str> {
     const NOT_FLOAT: &str = "ERR timeout is not a float or out of range";
+    // Whole seconds, as job libraries send them, need no float parsing (which cost
+    // several hundred instructions a call); nine digits cannot overflow.
+    if (1..=9).contains(&arg.len()) && arg.iter().all(u8::is_ascii_digit) {
+        let secs = arg.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+        return Ok((secs > 0).then(|| Duration::from_secs(secs)));
+    }
     let text = std::str::from_utf8(arg).map_err(|_| NOT_FLOAT)?;
     if text.is_empty()
         || text.starts_with(char::is_whitespace)
@@ -1701,6 +1707,32 @@ fn serve_ready_on(worker: &Rc<Worker>, target: usize) {
 
 #[cfg(test)]
 mod tests {
+
+    /// Whole seconds take a shortcut past float parsing; they must read as the general
+    /// path reads them (leading zeros, zero, the longest shortcut and one digit past it).
+    #[test]
+    fn whole_second_timeouts_read_as_floats_do() {
+        for text in [
+            "0",
+            "00",
+            "1",
+            "2",
+            "007",
+            "10",
+            "86400",
+            "999999999",
+            "1000000000",
+            "12345678901",
+        ] {
+            let general = text.parse::<f64>().unwrap();
+            let want =
+                (general > 0.0).then(|| Duration::from_millis((general * 1000.0).ceil() as u64));
+            assert_eq!(parse_timeout(text.as_bytes()), Ok(want), "{text}");
+        }
+        assert_eq!(parse_timeout(b"1.5"), Ok(Some(Duration::from_millis(1500))));
+        assert_eq!(parse_timeout(b"-1"), Err("ERR timeout is negative"));
+        assert!(parse_timeout(b" 1").is_err() && parse_timeout(b"").is_err());
+    }
     use super::*;
 
     fn waiter() -> Rc<Waiter> {

@@ -178,19 +178,7 @@ impl Command {
         match self.keys {
             Keys::None => Vec::new(),
             Keys::Range(first, last, step) => {
-                let argc = args.len() as i32;
-                let last = if last < 0 {
-                    argc + last
-                } else {
-                    last.min(argc - 1)
-                };
-                let mut v = Vec::new();
-                let mut i = first;
-                while i <= last && i < argc {
-                    v.push(i as usize);
-                    i += step.max(1);
-                }
-                v
+                range_positions(first, last, step, args.len()).collect()
             }
             Keys::Custom(f, _) => f(args),
         }
@@ -211,6 +199,21 @@ impl Command {
             _ => None,
         }
     }
+}
+
+/// The key positions of a `Keys::Range` over `argc` arguments, without a vector.
+fn range_positions(first: i32, last: i32, step: i32, argc: usize) -> impl Iterator<Item = usize> {
+    let argc = argc as i32;
+    let last = if last < 0 {
+        argc + last
+    } else {
+        last.min(argc - 1)
+    };
+    let end = last.min(argc - 1);
+    (first..=end)
+        .step_by(step.max(1) as usize)
+        .filter(|&i| i >= 0)
+        .map(|i| i as usize)
 }
 
 pub struct CommandTable {
@@ -344,13 +347,22 @@ pub fn route(sess: &Session, cmd: &Command, args: &[Bytes]) -> Route {
             return Route::Spread;
         }
     }
-    let positions = cmd.key_positions(args);
-    let mut it = positions.iter();
-    let Some(&first) = it.next() else {
+    // A plain range (BRPOP's keys, MGET's) is walked without collecting its positions.
+    match cmd.keys {
+        Keys::Range(first, last, step) => {
+            same_shard(sess, range_positions(first, last, step, args.len()), args)
+        }
+        _ => same_shard(sess, cmd.key_positions(args).into_iter(), args),
+    }
+}
+
+/// The shard of keys at `positions` when they share one: `Here` without keys.
+fn same_shard(sess: &Session, mut positions: impl Iterator<Item = usize>, args: &[Bytes]) -> Route {
+    let Some(first) = positions.next() else {
         return Route::Here;
     };
     let shard = sess.worker.shard_of(&args[first]);
-    for &p in it {
+    for p in positions {
         if sess.worker.shard_of(&args[p]) != shard {
             return Route::Spread;
         }
