@@ -125,6 +125,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
     let mut job = Job {
         body,
         args,
+        keys_start: 3,
         keys_end: 3 + numkeys,
         db: sess.db,
         resp3: sess.out.resp3,
@@ -149,7 +150,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
         let outcome = if target == worker.id {
             run::run_job(&worker, &job)
         } else {
-            let j = job.clone();
+            let j = job.for_remote();
             hop(&worker, target, move |w| run::run_job(w, &j)).await
         };
         if outcome.restart {

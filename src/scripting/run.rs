@@ -89,10 +89,12 @@ pub enum Body {
 #[derive(Clone)]
 pub struct Job {
     pub body: Body,
-    /// The whole call (`EVALSHA sha numkeys key... arg...`), owned rather than copied
-    /// into key and argument vectors: its keys are `args[3..keys_end]`, the script's
-    /// arguments what follows.
+    /// The call's keys (`args[keys_start..keys_end]`) and the script's arguments (what
+    /// follows). A script run on the connection's thread keeps the whole call
+    /// (`EVALSHA sha numkeys key... arg...`, `keys_start` 3) rather than copies; one
+    /// sent to another thread takes only its keys and arguments (`for_remote`).
     pub args: Vec<Bytes>,
+    pub keys_start: usize,
     pub keys_end: usize,
     pub db: usize,
     pub resp3: bool,
@@ -112,7 +114,21 @@ pub struct Job {
 
 impl Job {
     pub fn keys(&self) -> &[Bytes] {
-        &self.args[3..self.keys_end]
+        &self.args[self.keys_start..self.keys_end]
+    }
+
+    /// A copy to run on another thread, without the command name, digest and key count:
+    /// each argument sent shares the connection's read buffer, whose reference count
+    /// the other thread then has to take.
+    pub fn for_remote(&self) -> Job {
+        Job {
+            body: self.body.clone(),
+            args: self.args[self.keys_start..].to_vec(),
+            keys_start: 0,
+            keys_end: self.keys_end - self.keys_start,
+            user: self.user.clone(),
+            ..*self
+        }
     }
 
     pub fn argv(&self) -> &[Bytes] {
