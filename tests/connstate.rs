@@ -1292,6 +1292,11 @@ fn replica_sees_eviction(threads: usize) {
         &["CONFIG", "SET", "maxmemory-policy", "allkeys-random"],
     );
     let small = squeeze(&mut mc, 300_000);
+    // WAIT covers this connection's writes, and evictions are the server's: when the
+    // squeeze's first INFO already found keys evicted (its own command made room), the
+    // connection wrote nothing since the last WAIT. A write now puts the evictions'
+    // DELs, which the stream holds before it, under the WAIT.
+    ok(&mut mc, &["SET", "after-squeeze", "1"]);
     expect(&mut mc, &["WAIT", "1", "10000"], Resp::Integer(1));
     let mut all = keys.clone();
     all.extend(small);
