@@ -1707,6 +1707,7 @@ fn serve_ready_on(worker: &Rc<Worker>, target: usize) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// Whole seconds take a shortcut past float parsing; they must read as the general
     /// path reads them (leading zeros, zero, the longest shortcut and one digit past it).
@@ -1733,7 +1734,6 @@ mod tests {
         assert_eq!(parse_timeout(b"-1"), Err("ERR timeout is negative"));
         assert!(parse_timeout(b" 1").is_err() && parse_timeout(b"").is_err());
     }
-    use super::*;
 
     fn waiter() -> Rc<Waiter> {
         let (tx, _rx) = mpsc::unbounded_channel();

@@ -451,8 +451,8 @@ fn reply_to_lua(r: &mut Rec) {
 
 /// Lua numbers passed as command arguments. Only these steps tolerate the 7.0/7.2
 /// difference in how doubles become text (see the top of the file).
-/// `redis.call` with many arguments (more than the 16 whose places Kite keeps on the
-/// stack), numbers among strings, and empty strings, as against Redis.
+/// `redis.call` with many arguments, numbers among strings, and empty strings, as
+/// against Redis (each argument is a slice of one reused buffer).
 fn many_call_arguments(r: &mut Rec) {
     let argv: Vec<String> = (0..40)
         .map(|i| {

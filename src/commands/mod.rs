@@ -806,6 +806,48 @@ pub async fn remember_spread_keys(sess: &Session, cmd: &Command, args: &[Bytes],
     }
 }
 
+/// Runs a keyed command on this thread's shard when no lock holds its keys (None when
+/// one does: it must then wait in the lock queue). The events and blocked clients it
+/// leaves are served before returning; the blocked moves it set off are returned, for
+/// the connection to wait for before it answers.
+pub fn run_here_if_free(
+    sess: &mut Session,
+    cmd: &'static Command,
+    f: ExecFn,
+    args: &[Bytes],
+) -> Option<Vec<tokio::sync::oneshot::Receiver<()>>> {
+    let worker = sess.worker.clone();
+    let reader = sess.reader();
+    let pending = {
+        let mut shard = worker.shard.borrow_mut();
+        if !shard.locks.is_idle() {
+            let pos = cmd.key_positions(args);
+            if !shard.locks.is_free(pos.iter().map(|&i| &args[i][..])) {
+                return None;
+            }
+        }
+        shard.stats.inline += 1;
+        shard.current = reader;
+        exec_here(
+            &mut shard,
+            cmd,
+            f,
+            args,
+            sess.db,
+            &mut sess.out,
+            sess.no_touch,
+        );
+        shard.current = None;
+        shard.blocking.has_ready() || !shard.events.is_empty() || shard.tracking.has_pending()
+    };
+    if !pending {
+        return Some(Vec::new());
+    }
+    crate::shard::after_command(&worker);
+    let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
+    Some(moves)
+}
+
 /// Runs a keyed command on shard `target`: inline when that is this thread and its keys
 /// are free, else as a one-command batch (a hop, or a wait in the lock queue).
 async fn run_on_shard(
@@ -817,36 +859,8 @@ async fn run_on_shard(
 ) {
     let worker = sess.worker.clone();
     if target == worker.id {
-        let reader = sess.reader();
-        // Some(pending) when it ran here; the shard is not held across the awaits below.
-        let ran = {
-            let mut shard = worker.shard.borrow_mut();
-            let free = shard.locks.is_idle() || {
-                let pos = cmd.key_positions(&args);
-                shard.locks.is_free(pos.iter().map(|&i| &args[i][..]))
-            };
-            free.then(|| {
-                shard.stats.inline += 1;
-                shard.current = reader;
-                exec_here(
-                    &mut shard,
-                    cmd,
-                    f,
-                    &args,
-                    sess.db,
-                    &mut sess.out,
-                    sess.no_touch,
-                );
-                shard.current = None;
-                shard.blocking.has_ready()
-                    || !shard.events.is_empty()
-                    || shard.tracking.has_pending()
-            })
-        };
-        if let Some(pending) = ran {
-            if pending {
-                crate::shard::after_command(&worker);
-                let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
+        if let Some(moves) = run_here_if_free(sess, cmd, f, &args) {
+            if !moves.is_empty() {
                 crate::shard::settle(moves).await;
             }
             return;

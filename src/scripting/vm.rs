@@ -272,13 +272,11 @@ pub fn collect_if_large() {
     });
 }
 
-/// Most calls have a few arguments: their ends are kept here instead of in a vector.
-const ARGS_ON_STACK: usize = 16;
-
 thread_local! {
-    /// `redis.call`'s argument buffer and vector, reused from call to call.
-    static CALL_ARGS: std::cell::RefCell<(bytes::BytesMut, Vec<bytes::Bytes>)> =
-        std::cell::RefCell::new((bytes::BytesMut::new(), Vec::new()));
+    /// `redis.call`'s argument buffer, argument vector and argument ends, reused from
+    /// call to call.
+    static CALL_ARGS: std::cell::RefCell<(bytes::BytesMut, Vec<bytes::Bytes>, Vec<usize>)> =
+        std::cell::RefCell::new((bytes::BytesMut::new(), Vec::new(), Vec::new()));
 }
 
 /// `redis.call` is a C function, as in Redis: a command error is raised as the `{err=}`
@@ -303,11 +301,8 @@ unsafe fn call_through(state: *mut mlua::ffi::lua_State, raise: bool) -> std::os
         let n = ffi::lua_gettop(state);
         // The arguments are copied into one reused buffer and handed over as slices of it:
         // no allocation per argument, or per call once the buffer is big enough.
-        let (mut buf, mut argv) = CALL_ARGS.with(|c| std::mem::take(&mut *c.borrow_mut()));
-        let many = n as usize > ARGS_ON_STACK;
-        let mut stack_ends = [0usize; ARGS_ON_STACK];
-        let mut heap_ends = Vec::new();
-        let mut count = 0;
+        let (mut buf, mut argv, mut ends) =
+            CALL_ARGS.with(|c| std::mem::take(&mut *c.borrow_mut()));
         let mut bad = false;
         for i in 1..=n {
             match ffi::lua_type(state, i) {
@@ -324,28 +319,20 @@ unsafe fn call_through(state: *mut mlua::ffi::lua_State, raise: bool) -> std::os
                     break;
                 }
             }
-            if many {
-                heap_ends.push(buf.len());
-            } else {
-                stack_ends[count] = buf.len();
-            }
-            count += 1;
+            ends.push(buf.len());
         }
-        let ends = if many {
-            &heap_ends[..]
-        } else {
-            &stack_ends[..count]
-        };
+        // One split for the call, then a slice per argument (a split each cost more).
         let all = buf.split().freeze();
         let mut start = 0;
-        for &end in ends {
+        for &end in &ends {
             argv.push(all.slice(start..end));
             start = end;
         }
         drop(all);
         let is_error = run::call_into_buffer(&argv, bad);
         argv.clear();
-        CALL_ARGS.with(|c| *c.borrow_mut() = (buf, argv));
+        ends.clear();
+        CALL_ARGS.with(|c| *c.borrow_mut() = (buf, argv, ends));
         is_error
     };
     let (ptr, len) = run::call_output();

@@ -15,7 +15,7 @@ use crate::protocol::parse::{ParseLimits, RequestParser};
 use crate::protocol::reply::Reply;
 use crate::server::session::{ReplyMode, Session};
 use crate::shard::clients::{ClientHandle, ClientInfo};
-use crate::shard::{exec_here, run_batch_on, unix_ms, BatchSpec, Worker};
+use crate::shard::{run_batch_on, unix_ms, BatchSpec, Worker};
 
 /// Commands parsed from the input before they are run as a group.
 const MAX_GROUP: usize = 1024;
@@ -700,7 +700,7 @@ fn migration_target(sess: &Session) -> Option<usize> {
 /// The one shard a plain keyed command runs on, when none of `execute`'s checks could
 /// refuse it or change what it does. Such a command skips `execute` (and its chain of
 /// futures): bound for another shard it is batched with its neighbours, and on this
-/// thread's shard it runs inline (`run_inline`).
+/// thread's shard it runs inline (`commands::run_here_if_free`).
 fn plain_target(
     sess: &Session,
     cmd: Option<&'static Command>,
@@ -743,47 +743,6 @@ fn plain_target(
         Route::Shard(s) => Some(s),
         _ => None,
     }
-}
-
-/// Runs a plain command (`plain_target`) on this thread's shard, as `execute` would have,
-/// when no lock holds its keys. False when it did not run (it then goes through
-/// `execute`, which waits for the lock). Work it leaves for after the command (events,
-/// blocked clients to serve) is done here; moves it set off are returned to wait for.
-fn run_inline(
-    sess: &mut Session,
-    cmd: &'static Command,
-    args: &[Bytes],
-) -> Option<Vec<tokio::sync::oneshot::Receiver<()>>> {
-    let worker = sess.worker.clone();
-    let f = cmd.exec_fn()?;
-    let pending = {
-        let mut shard = worker.shard.borrow_mut();
-        if !shard.locks.is_idle() {
-            let pos = cmd.key_positions(args);
-            if !shard.locks.is_free(pos.iter().map(|&i| &args[i][..])) {
-                return None;
-            }
-        }
-        shard.stats.inline += 1;
-        exec_here(
-            &mut shard,
-            cmd,
-            f,
-            args,
-            sess.db,
-            &mut sess.out,
-            sess.no_touch,
-        );
-        shard.blocking.has_ready() || !shard.events.is_empty() || shard.tracking.has_pending()
-    };
-    sess.note_command(cmd, args);
-    note_affinity(sess, worker.id, 1);
-    if !pending {
-        return Some(Vec::new());
-    }
-    crate::shard::after_command(&worker);
-    let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
-    Some(moves)
 }
 
 /// A squashed batch skips `execute`'s checks, so it is only formed when none could refuse
@@ -829,7 +788,10 @@ async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
         let plain = plain_target(sess, cmd, &args, &mut memo);
         if plain == Some(sess.worker.id) {
             let c = cmd.expect("plain commands are known");
-            if let Some(moves) = run_inline(sess, c, &args) {
+            let f = c.exec_fn().expect("plain commands run on a shard");
+            if let Some(moves) = commands::run_here_if_free(sess, c, f, &args) {
+                sess.note_command(c, &args);
+                note_affinity(sess, sess.worker.id, 1);
                 sess.asking = false;
                 if !moves.is_empty() {
                     crate::shard::settle(moves).await;
