@@ -809,7 +809,7 @@ fn land(w: &Rc<Worker>, l: Landing) {
         let _ = l.done.send(());
     } else {
         let done = l.done;
-        tokio::task::spawn_local(async move {
+        crate::net::event_loop::spawn_local(async move {
             for n in nested {
                 let _ = n.await;
             }
@@ -1626,12 +1626,12 @@ async fn wait(
     handle.blocked.set(true);
     handle.info.borrow_mut().blocked = true;
     sess.worker.clients.borrow_mut().blocked += 1;
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
     let stream = sess.stream.clone();
     let result = loop {
         let sleep = async {
             match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
+                Some(d) => crate::net::event_loop::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
         };

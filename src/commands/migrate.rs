@@ -138,13 +138,14 @@ impl Failure {
 /// Sends the requests and reads one reply line per request.
 async fn exchange(req: &Request, payload: &[u8], replies: usize) -> Result<Vec<String>, Failure> {
     let t = req.timeout;
-    let conn = tokio::time::timeout(t, TcpStream::connect((req.host.as_str(), req.port)))
-        .await
-        .map_err(|_| Failure::Connect)?
-        .map_err(|_| Failure::Connect)?;
+    let conn =
+        crate::net::event_loop::time::timeout(t, TcpStream::connect((req.host.as_str(), req.port)))
+            .await
+            .map_err(|_| Failure::Connect)?
+            .map_err(|_| Failure::Connect)?;
     let _ = conn.set_nodelay(true);
     let (rd, mut wr) = conn.into_split();
-    tokio::time::timeout(t, wr.write_all(payload))
+    crate::net::event_loop::time::timeout(t, wr.write_all(payload))
         .await
         .map_err(|_| Failure::Write)?
         .map_err(|_| Failure::Write)?;
@@ -152,7 +153,7 @@ async fn exchange(req: &Request, payload: &[u8], replies: usize) -> Result<Vec<S
     let mut lines = Vec::with_capacity(replies);
     for _ in 0..replies {
         let mut line = String::new();
-        let n = tokio::time::timeout(t, rd.read_line(&mut line))
+        let n = crate::net::event_loop::time::timeout(t, rd.read_line(&mut line))
             .await
             .map_err(|_| Failure::Read)?
             .map_err(|_| Failure::Read)?;

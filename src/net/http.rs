@@ -402,7 +402,7 @@ pub async fn serve(worker: &Rc<Worker>, stream: &Stream, buf: BytesMut) {
 
 async fn serve_one(worker: &Rc<Worker>, stream: &Stream, mut buf: BytesMut) {
     // The whole head must arrive within READ_TIMEOUT, however it is dripped in.
-    let head = tokio::time::timeout(READ_TIMEOUT, async {
+    let head = crate::net::event_loop::time::timeout(READ_TIMEOUT, async {
         // Where the search for the blank line resumes: a head dripped in is scanned once.
         let mut searched = 0;
         loop {
@@ -453,7 +453,7 @@ async fn serve_one(worker: &Rc<Worker>, stream: &Stream, mut buf: BytesMut) {
     }
     worker.shard.borrow_mut().stats.net_output_bytes += out.len() as u64;
     // A client that does not read its answer is dropped.
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await;
+    let _ = crate::net::event_loop::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await;
 }
 
 /// A connection accepted on `http-port`.
@@ -476,11 +476,11 @@ pub fn accept(worker: &Rc<Worker>, tcp: std::net::TcpStream) {
         return;
     }
     let _ = tcp.set_nonblocking(true);
-    let Ok(tcp) = tokio::net::TcpStream::from_std(tcp) else {
+    let Ok(tcp) = crate::net::event_loop::Socket::from_std(tcp) else {
         return;
     };
     let worker = worker.clone();
-    tokio::task::spawn_local(async move {
+    crate::net::event_loop::spawn_local(async move {
         let stream = Stream::plain(tcp);
         serve(&worker, &stream, BytesMut::with_capacity(4096)).await;
     });

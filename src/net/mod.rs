@@ -2,6 +2,7 @@
 //! `Stream` type; and the TLS settings (`tls`). Owns reading, writing and encryption;
 //! never parses a request or touches shard data.
 
+pub mod event_loop;
 pub mod http;
 pub mod notify;
 pub mod stream_io;
@@ -14,8 +15,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 
 use bytes::BytesMut;
-use tokio::io::Interest;
-use tokio::net::TcpStream;
+use event_loop::{Interest, Socket};
 
 /// What this thread's loop did, for INFO (each thread reports its own; nothing shared
 /// is touched per pass).
@@ -70,7 +70,7 @@ pub fn count_visit() {
 
 /// A client connection's socket.
 pub struct Stream {
-    tcp: TcpStream,
+    tcp: Socket,
     /// The TLS session, for connections accepted on `tls-port`.
     tls: Option<RefCell<rustls::ServerConnection>>,
     /// Replies handed to the thread's send batch (`uring`) and not yet all sent. Every
@@ -86,15 +86,15 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn plain(tcp: TcpStream) -> Stream {
+    pub fn plain(tcp: Socket) -> Stream {
         Stream::with(tcp, None)
     }
 
-    pub fn tls(tcp: TcpStream, session: rustls::ServerConnection) -> Stream {
+    pub fn tls(tcp: Socket, session: rustls::ServerConnection) -> Stream {
         Stream::with(tcp, Some(RefCell::new(session)))
     }
 
-    fn with(tcp: TcpStream, tls: Option<RefCell<rustls::ServerConnection>>) -> Stream {
+    fn with(tcp: Socket, tls: Option<RefCell<rustls::ServerConnection>>) -> Stream {
         Stream {
             tcp,
             tls,
@@ -247,7 +247,7 @@ impl Stream {
             // The handshake, or a key update, may owe the peer bytes first.
             self.flush_tls(tls).await?;
             self.tcp.readable().await?;
-            let got = self.tcp.try_io(Interest::READABLE, || {
+            let got = self.tcp.try_io(Interest::Readable, || {
                 tls.borrow_mut().read_tls(&mut FdIo(self.tcp.as_raw_fd()))
             });
             match got {
@@ -262,7 +262,7 @@ impl Stream {
     /// Sends the encrypted bytes the TLS session holds, waiting for the socket.
     async fn flush_tls(&self, tls: &RefCell<rustls::ServerConnection>) -> io::Result<()> {
         while tls.borrow().wants_write() {
-            match self.tcp.try_io(Interest::WRITABLE, || {
+            match self.tcp.try_io(Interest::Writable, || {
                 tls.borrow_mut().write_tls(&mut FdIo(self.tcp.as_raw_fd()))
             }) {
                 Ok(_) => {}
@@ -276,7 +276,7 @@ impl Stream {
     /// Sends what the TLS session holds without waiting; true when nothing is left.
     fn try_flush_tls(&self, tls: &RefCell<rustls::ServerConnection>) -> io::Result<bool> {
         while tls.borrow().wants_write() {
-            match self.tcp.try_io(Interest::WRITABLE, || {
+            match self.tcp.try_io(Interest::Writable, || {
                 tls.borrow_mut().write_tls(&mut FdIo(self.tcp.as_raw_fd()))
             }) {
                 Ok(_) => {}
@@ -391,14 +391,14 @@ impl Write for FdIo {
 /// socket is marked not ready at once: without that, the next wait would return
 /// immediately and cost one more `recv` that finds nothing, one extra system call per
 /// request on an unpipelined connection.
-async fn read_plain(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+async fn read_plain(stream: &Socket, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
         // The stream's single reader slot, not `readable()`: that one links a waiter into
         // the socket's list under its lock and unlinks it when dropped, on every wait.
         std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
         let mut got = 0usize;
         let fd = stream.as_raw_fd();
-        let result = stream.try_io(Interest::READABLE, || {
+        let result = stream.try_io(Interest::Readable, || {
             let spare = buf.spare_capacity_mut();
             let room = spare.len();
             // SAFETY: recv writes at most `room` bytes into the buffer's spare capacity,

@@ -251,13 +251,15 @@ pub fn begin_on_shard(w: &Rc<Worker>, to_writer: &SyncSender<Msg>, opts: Options
         }));
     }
     let w = w.clone();
-    tokio::task::spawn_local(async move {
+    crate::net::event_loop::spawn_local(async move {
         loop {
             match run_step(&w, &snap) {
                 Step::Done => break,
                 Step::More => tokio::task::yield_now().await,
                 // Spinning would take the CPU the writer needs to catch up.
-                Step::WriterBehind => tokio::time::sleep(Duration::from_millis(1)).await,
+                Step::WriterBehind => {
+                    crate::net::event_loop::time::sleep(Duration::from_millis(1)).await
+                }
             }
         }
     });

@@ -63,7 +63,7 @@ pub async fn save(worker: &Rc<Worker>) -> Result<(), String> {
     let w = worker.clone();
     // The snapshot runs as a task of its own: should the caller's future be dropped (its
     // client gone), the snapshot still ends and releases its claim.
-    tokio::task::spawn_local(async move {
+    crate::net::event_loop::spawn_local(async move {
         let path = rdb_path(&w);
         let r = match cut(&w, Target::File(path), None).await {
             Ok(c) => finish(&w, c).await,
@@ -83,7 +83,7 @@ pub async fn bgsave(worker: &Rc<Worker>) -> Result<(), String> {
     claim(worker)?;
     let (made, result) = oneshot::channel();
     let w = worker.clone();
-    tokio::task::spawn_local(async move {
+    crate::net::event_loop::spawn_local(async move {
         let path = rdb_path(&w);
         match cut(&w, Target::File(path), None).await {
             Ok(c) => {
@@ -354,7 +354,7 @@ pub async fn shutdown(worker: &Rc<Worker>, save: Option<bool>, force: bool) -> R
             .bgsave_in_progress
             .load(Ordering::Acquire)
         {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            crate::net::event_loop::time::sleep(Duration::from_millis(5)).await;
         }
         tracing::info!("Saving the final RDB snapshot before exiting.");
         if let Err(e) = save_now(worker).await {
@@ -388,7 +388,7 @@ async fn save_now(worker: &Rc<Worker>) -> Result<(), String> {
     loop {
         match save(worker).await {
             Err(e) if e.contains("already in progress") => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                crate::net::event_loop::time::sleep(Duration::from_millis(5)).await;
             }
             other => return other,
         }

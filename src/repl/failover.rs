@@ -122,7 +122,7 @@ pub async fn command(sess: &mut Session, args: &[Bytes]) {
     r.failover_state.store(WAITING_FOR_SYNC, Ordering::Release);
     tracing::info!("FAILOVER requested");
     pause_writes(&worker, true).await;
-    tokio::task::spawn_local(run(worker.clone(), plan));
+    crate::net::event_loop::spawn_local(run(worker.clone(), plan));
     sess.out.ok();
 }
 
@@ -180,7 +180,7 @@ async fn run(worker: Rc<Worker>, plan: Plan) {
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        crate::net::event_loop::time::sleep(Duration::from_millis(10)).await;
     };
     r.failover_state.store(IN_PROGRESS, Ordering::Release);
     tracing::info!(
@@ -204,7 +204,7 @@ async fn run(worker: Rc<Worker>, plan: Plan) {
         if plan.timeout_ms > 0 && unix_ms().saturating_sub(started) >= plan.timeout_ms + 10_000 {
             break Err("FAILOVER to the replica timed out while switching roles");
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        crate::net::event_loop::time::sleep(Duration::from_millis(10)).await;
     };
     r.failover_psync.store(false, Ordering::Release);
     match outcome {

@@ -185,11 +185,11 @@ async fn full_sync(
     let stream = stream.as_deref();
     let limit = super::timeout(&shared);
     if diskless && delay > 0 {
-        tokio::time::sleep(Duration::from_secs(delay)).await;
+        crate::net::event_loop::time::sleep(Duration::from_secs(delay)).await;
     }
     // One snapshot at a time: wait for a running BGSAVE or rewrite to end.
     while snapshot::claim(worker).is_err() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        crate::net::event_loop::time::sleep(Duration::from_millis(10)).await;
         if sess.handle.killed.get() {
             return Err("killed while waiting to sync".into());
         }
@@ -316,7 +316,7 @@ impl Drop for Claim {
         match self.written.take() {
             None => release(),
             Some(w) => {
-                tokio::task::spawn_local(async move {
+                crate::net::event_loop::spawn_local(async move {
                     let _ = w.await;
                     release();
                 });
@@ -333,7 +333,7 @@ async fn write_timed(
     data: &[u8],
     limit: Duration,
 ) -> Result<(), String> {
-    match tokio::time::timeout(limit, stream_io::write_all(stream, data)).await {
+    match crate::net::event_loop::time::timeout(limit, stream_io::write_all(stream, data)).await {
         Ok(r) => r.map_err(|e| e.to_string()),
         Err(_) => Err("timeout writing the RDB to the replica (repl-timeout)".into()),
     }
@@ -382,7 +382,7 @@ async fn feed_loop(
         max_bulk_len: 1 << 20,
     };
     let timeout_ms = super::timeout(&sess.worker.shared).as_millis() as u64;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = crate::net::event_loop::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = handle.wake.notified() => {
@@ -409,7 +409,7 @@ async fn feed_loop(
                 // stream's verdict (output buffer limit) and CLIENT KILL end the write.
                 let write = stream_io::write_all(stream, &out);
                 tokio::pin!(write);
-                let mut check = tokio::time::interval(Duration::from_millis(100));
+                let mut check = crate::net::event_loop::time::interval(Duration::from_millis(100));
                 loop {
                     tokio::select! {
                         r = &mut write => {
@@ -550,7 +550,7 @@ async fn wait_for_acks(
     // Earlier replies reach the client before WAIT holds this one.
     let _ = stream_io::settle(sess.stream.as_deref()).await;
     let deadline =
-        (timeout_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(timeout_ms));
+        (timeout_ms > 0).then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms));
     let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
     loop {
         // Registered before counting, so an ACK between the count and the wait wakes it.
@@ -558,16 +558,16 @@ async fn wait_for_acks(
         tokio::pin!(acked);
         acked.as_mut().enable();
         let n = count();
-        if n >= want || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        if n >= want || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             return n;
         }
         let nap = deadline.map_or(Duration::from_millis(100), |d| {
-            d.saturating_duration_since(tokio::time::Instant::now())
+            d.saturating_duration_since(std::time::Instant::now())
                 .min(Duration::from_millis(100))
         });
         tokio::select! {
             _ = &mut acked => {}
-            _ = tokio::time::sleep(nap) => {}
+            _ = crate::net::event_loop::time::sleep(nap) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
             r = stream_io::read_some(stream.as_deref(), &mut sess.stash) => {
                 if matches!(r, Ok(0) | Err(_)) {

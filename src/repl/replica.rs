@@ -68,7 +68,7 @@ pub async fn follow(shared: &Arc<Shared>, host: String, port: u16) {
     shared.send(
         0,
         Box::new(move |w| {
-            tokio::task::spawn_local(run_link(w.clone(), gen));
+            crate::net::event_loop::spawn_local(run_link(w.clone(), gen));
         }),
     );
 }
@@ -171,7 +171,7 @@ async fn run_link(worker: Rc<Worker>, gen: u64) {
     let mut full_needed = false;
     // The dataset on disk is loaded before the master's replaces it.
     while shared.persist.loading.load(Ordering::Acquire) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        crate::net::event_loop::time::sleep(Duration::from_millis(50)).await;
     }
     loop {
         if !current(&shared, gen) {
@@ -209,7 +209,7 @@ async fn run_link(worker: Rc<Worker>, gen: u64) {
                 .store(unix_ms(), Ordering::Relaxed);
         }
         shared.persist.refresh_gate(&shared);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        crate::net::event_loop::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -253,7 +253,7 @@ impl Link {
     /// `fill`, given up after `repl-timeout` without a byte (a master that stopped
     /// mid-transfer must not hold the link for ever).
     async fn fill_within(&mut self, limit: Duration) -> Result<usize, String> {
-        match tokio::time::timeout(limit, self.fill()).await {
+        match crate::net::event_loop::time::timeout(limit, self.fill()).await {
             Ok(r) => r,
             Err(_) => Err("Timeout receiving bulk data from MASTER...".into()),
         }
@@ -277,7 +277,7 @@ async fn link_once(worker: &Rc<Worker>, gen: u64, addr: &MasterAddr, full_needed
     let shared = worker.shared.clone();
     let timeout = super::timeout(&shared);
     let connect = TcpStream::connect((addr.host.as_str(), addr.port));
-    let stream = match tokio::time::timeout(timeout, connect).await {
+    let stream = match crate::net::event_loop::time::timeout(timeout, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Ended::Retry(format!("Error condition on socket for SYNC: {e}")),
         Err(_) => return Ended::Retry("Timeout connecting to the MASTER...".into()),
@@ -295,7 +295,7 @@ async fn link_once(worker: &Rc<Worker>, gen: u64, addr: &MasterAddr, full_needed
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let connect = crate::net::tls::connect(&config, &addr.host, stream);
-        match tokio::time::timeout(timeout, connect).await {
+        match crate::net::event_loop::time::timeout(timeout, connect).await {
             Ok(Ok(s)) => Box::new(s),
             Ok(Err(e)) => {
                 return Ended::Retry(format!("TLS handshake with the MASTER failed: {e}"))
@@ -313,7 +313,9 @@ async fn link_once(worker: &Rc<Worker>, gen: u64, addr: &MasterAddr, full_needed
         stream,
         buf: BytesMut::with_capacity(16 * 1024),
     };
-    let handshake = tokio::time::timeout(timeout, handshake(&shared, &mut link, full_needed)).await;
+    let handshake =
+        crate::net::event_loop::time::timeout(timeout, handshake(&shared, &mut link, full_needed))
+            .await;
     let (reply, asked) = match handshake {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Ended::Retry(e),
@@ -482,7 +484,7 @@ async fn full_sync(
     let shared = worker.shared.clone();
     // The master may take a while to start its snapshot (a BGSAVE to wait for, the
     // diskless delay) and sends newlines meanwhile; silence past repl-timeout ends it.
-    let header = tokio::time::timeout(super::timeout(&shared), link.line())
+    let header = crate::net::event_loop::time::timeout(super::timeout(&shared), link.line())
         .await
         .map_err(|_| Ended::Retry("Timeout waiting for the RDB from MASTER".into()))?
         .map_err(Ended::Retry)?;
@@ -536,7 +538,7 @@ async fn full_sync(
             // A newline a second tells the master this replica is alive while it loads,
             // as Redis's replicas do (masters count it as a sign of life).
             let mut result = result;
-            let mut beat = tokio::time::interval(Duration::from_secs(1));
+            let mut beat = crate::net::event_loop::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
                     r = &mut result => break r.unwrap_or_else(|_| Err("the loader stopped".into())),
@@ -596,11 +598,11 @@ async fn full_sync(
         // The AOF must hold the new dataset: a rewrite starts from it, as Redis restarts
         // its AOF after a sync; a snapshot running now is waited for.
         let w = worker.clone();
-        tokio::task::spawn_local(async move {
+        crate::net::event_loop::spawn_local(async move {
             for _ in 0..6000 {
                 match crate::persist::aof::rewrite::start(&w) {
                     Ok(()) => return,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Err(_) => crate::net::event_loop::time::sleep(Duration::from_millis(100)).await,
                 }
             }
             tracing::warn!(
@@ -718,7 +720,7 @@ async fn apply_loop(
     let mut rbuf = std::mem::take(&mut link.buf);
     let mut last_ack = Instant::now() - Duration::from_secs(2);
     let mut last_io = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut tick = crate::net::event_loop::time::interval(Duration::from_millis(100));
     let mut batches = Batches::new(shared.nshards());
     loop {
         // Apply every whole command buffered.
@@ -906,7 +908,7 @@ impl Batches {
                 atomic: None,
                 reader: None,
             };
-            running.push(tokio::task::spawn_local(async move {
+            running.push(crate::net::event_loop::spawn_local(async move {
                 crate::shard::run_batch_on(&worker, shard, cmds, spec).await
             }));
         }

@@ -6,7 +6,6 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
-use tokio::net::TcpStream;
 
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
 use crate::net::stream_io;
@@ -144,13 +143,13 @@ pub fn accept_with(
         preface: output,
         tls,
     };
-    tokio::task::spawn_local(serve(worker.clone(), moving));
+    crate::net::event_loop::spawn_local(serve(worker.clone(), moving));
 }
 
 /// Takes in a connection that moved here from another thread.
 pub fn arrive(worker: &Rc<Worker>, moving: Moving) {
     worker.shard.borrow_mut().stats.migrations += 1;
-    tokio::task::spawn_local(serve(worker.clone(), moving));
+    crate::net::event_loop::spawn_local(serve(worker.clone(), moving));
 }
 
 async fn serve(worker: Rc<Worker>, m: Moving) {
@@ -173,7 +172,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     } = m;
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
-    let Ok(stream) = TcpStream::from_std(stream) else {
+    let Ok(stream) = crate::net::event_loop::Socket::from_std(stream) else {
         worker
             .shared
             .connected_clients

@@ -45,7 +45,7 @@ pub fn run(
                     0,
                     Box::new(move |w| {
                         let shared = w.shared.clone();
-                        tokio::task::spawn_local(async move {
+                        crate::net::event_loop::spawn_local(async move {
                             crate::repl::replica::follow(&shared, host, port).await
                         });
                     }),
@@ -91,23 +91,10 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
         Err(e) => tracing::warn!("Thread {id}: {e}; replies are written one by one"),
         _ => {}
     }
-    let parking = shared.clone();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .on_thread_park(move || {
-            crate::net::end_of_pass();
-            // With one thread there is no answer from another thread to wait for.
-            let yields = if parking.nshards() > 1 {
-                parking.tunables.park_yields.load(Ordering::Relaxed)
-            } else {
-                0
-            };
-            crate::shard::mailbox::before_park(yields)
-        })
-        .on_thread_unpark(crate::shard::mailbox::after_unpark)
-        .build()
-        .expect("tokio runtime");
-    let local = tokio::task::LocalSet::new();
+    // tokio stays for what is off the request path (outbound links, HTTP, signals): its
+    // types work here through the `kite-io` thread's runtime, which drives them.
+    let _tokio = crate::net::event_loop::tokio_handle().enter();
+    let event_loop = crate::net::event_loop::EventLoop::new().expect("the thread's event loop");
     let databases = shared.tunables.databases;
     let worker = Rc::new(Worker {
         id,
@@ -117,27 +104,32 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
             commands::table().len(),
             shared.clone(),
         )),
-        shared,
+        shared: shared.clone(),
         clients: RefCell::new(Default::default()),
         mailbox,
         deferred: RefCell::new(Default::default()),
     });
-    let run = local.run_until(async move {
-        tokio::task::spawn_local(housekeeping(worker.clone()));
-        if worker.id == 0 {
-            tokio::task::spawn_local(on_signals(worker.clone()));
-        }
-        serve_mailbox(&worker).await
-    });
-    let mut run = std::pin::pin!(run);
-    runtime.block_on(std::future::poll_fn(|cx| {
-        let polled = std::future::Future::poll(run.as_mut(), cx);
-        // The thread's tasks had their turn (the LocalSet runs a bounded number per
-        // poll): the replies they made leave now. tokio may go on without parking (a
-        // task yielded, or more are ready), and its park hook runs only when it parks.
-        crate::net::uring::flush();
-        polled
-    }));
+    crate::net::event_loop::spawn_local(housekeeping(worker.clone()));
+    if worker.id == 0 {
+        crate::net::event_loop::spawn_local(on_signals(worker.clone()));
+    }
+    {
+        let worker = worker.clone();
+        crate::net::event_loop::spawn_local(async move { serve_mailbox(&worker).await });
+    }
+    let parking = shared;
+    event_loop.run(crate::net::event_loop::Parking {
+        before: Box::new(move || {
+            // With one thread there is no answer from another thread to wait for.
+            let yields = if parking.nshards() > 1 {
+                parking.tunables.park_yields.load(Ordering::Relaxed)
+            } else {
+                0
+            };
+            crate::shard::mailbox::before_park(yields)
+        }),
+        after: Box::new(crate::shard::mailbox::after_unpark),
+    })
 }
 
 /// Mail run between yields, so connections on this thread are not starved by a flood of
@@ -237,8 +229,7 @@ fn accept_http_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
 /// Periodic work of each thread: active expiry, the ops/sec samples, idle-client timeouts
 /// and (on thread 0) the memory figures.
 async fn housekeeping(worker: Rc<Worker>) {
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::net::event_loop::time::interval(Duration::from_millis(100));
     let mut ticks = 0u64;
     loop {
         tick.tick().await;

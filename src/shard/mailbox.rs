@@ -111,6 +111,18 @@ impl<T> Mailbox<T> {
         into.len() - start
     }
 
+    /// The owning thread is about to sleep: raise the flag, then look once more. True
+    /// when mail came in meanwhile and the flag was lowered again: do not sleep.
+    pub fn about_to_sleep(&self) -> bool {
+        self.sleeping.store(true, Ordering::SeqCst);
+        self.has_mail() && self.sleeping.swap(false, Ordering::SeqCst)
+    }
+
+    /// The owning thread is awake: senders need not wake it.
+    pub fn awake(&self) {
+        self.sleeping.store(false, Ordering::SeqCst);
+    }
+
     /// Remembers the owning thread's waker (its mailbox future's), if it changed.
     pub fn set_waker(&self, waker: &Waker) {
         let mut slot = self.waker.lock().unwrap_or_else(|p| p.into_inner());

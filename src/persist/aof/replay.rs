@@ -364,7 +364,7 @@ impl Replayer {
         shared.send(
             0,
             Box::new(move |w| {
-                tokio::task::spawn_local(replay_task(w.clone(), rx));
+                crate::net::event_loop::spawn_local(replay_task(w.clone(), rx));
             }),
         );
         Replayer {

@@ -48,7 +48,7 @@ pub fn start(worker: &Rc<Worker>) -> Result<(), String> {
     st.rewrite_started_unix
         .store(unix_ms() / 1000, Ordering::Relaxed);
     let w = worker.clone();
-    tokio::task::spawn_local(async move {
+    crate::net::event_loop::spawn_local(async move {
         let started = Instant::now();
         let result = run(&w).await;
         let shared = &w.shared;

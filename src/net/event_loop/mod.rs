@@ -1,0 +1,400 @@
+//! Each shard thread's own loop (docs/event-loop.md, step 2a): runs the thread's tasks,
+//! waits for its sockets on its own epoll (`reactor`) and keeps its timers in a wheel
+//! (`time`). Owns when the thread runs, waits and is woken; never parses a request and
+//! never touches shard data (the tasks it runs do).
+//!
+//! Off a loop thread (the cluster bus's thread, unit tests under tokio) `spawn_local` and
+//! the timers fall back on tokio's, so code shared with those places needs no second form.
+
+pub mod reactor;
+pub mod time;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use crate::shard::mailbox::Mailbox;
+
+pub use reactor::{Interest, Socket};
+
+type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+/// One spawned task's place. The future is taken out while it is polled, so a task may
+/// spawn, wake or drop others (and itself be woken) from inside its poll.
+struct TaskSlot {
+    generation: u32,
+    live: bool,
+    scheduled: bool,
+    future: Option<LocalFuture>,
+    waker: Option<Waker>,
+}
+
+#[derive(Default)]
+struct Tasks {
+    slots: Vec<TaskSlot>,
+    free: Vec<u32>,
+    ready: VecDeque<u32>,
+}
+
+/// What a task's waker needs to find it from any thread.
+struct TaskWaker {
+    key: u64,
+    loop_id: usize,
+    remote: Arc<Remote>,
+}
+
+/// Wake-ups from other threads: the woken tasks' keys, with the mailbox's rule of waking
+/// the thread only when it sleeps (its waker writes the loop's eventfd).
+struct Remote {
+    woken: Mailbox<u64>,
+}
+
+thread_local! {
+    /// Non-zero on a thread that runs a Kite loop.
+    static LOOP_ID: Cell<usize> = const { Cell::new(0) };
+    static TASKS: RefCell<Tasks> = RefCell::new(Tasks::default());
+    static REMOTE: RefCell<Option<Arc<Remote>>> = const { RefCell::new(None) };
+}
+
+static NEXT_LOOP_ID: AtomicUsize = AtomicUsize::new(1);
+
+fn key_of(index: u32, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(index)
+}
+
+/// Puts a task of this thread on the ready queue, unless it is there already or gone.
+fn schedule_here(key: u64) {
+    TASKS.with_borrow_mut(|t| {
+        let index = key as u32;
+        let Some(slot) = t.slots.get_mut(index as usize) else {
+            return;
+        };
+        if slot.live && slot.generation == (key >> 32) as u32 && !slot.scheduled {
+            slot.scheduled = true;
+            t.ready.push_back(index);
+        }
+    });
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if LOOP_ID.with(|id| id.get()) == self.loop_id {
+            schedule_here(self.key);
+        } else {
+            self.remote.woken.push(self.key);
+        }
+    }
+}
+
+/// Writes the loop's eventfd: the one system call a sleeping thread costs its waker.
+struct Unpark {
+    eventfd: i32,
+}
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd the loop keeps open for the
+        // life of the process.
+        unsafe { libc::write(self.eventfd, (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// Whether this thread runs a Kite loop.
+pub fn on_loop_thread() -> bool {
+    LOOP_ID.with(|id| id.get()) != 0
+}
+
+/// A spawned task's result.
+pub struct JoinHandle<T> {
+    inner: JoinInner<T>,
+}
+
+enum JoinInner<T> {
+    Kite(Rc<RefCell<JoinState<T>>>),
+    Tokio(tokio::task::JoinHandle<T>),
+}
+
+struct JoinState<T> {
+    value: Option<T>,
+    waiter: Option<Waker>,
+}
+
+/// The task ended without a result (tokio's fallback only: a loop never drops a task).
+#[derive(Debug)]
+pub struct JoinError;
+
+impl<T> Future for JoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.inner {
+            JoinInner::Kite(state) => {
+                let mut state = state.borrow_mut();
+                match state.value.take() {
+                    Some(v) => Poll::Ready(Ok(v)),
+                    None => {
+                        state.waiter = Some(cx.waker().clone());
+                        Poll::Pending
+                    }
+                }
+            }
+            JoinInner::Tokio(h) => Pin::new(h).poll(cx).map_err(|_| JoinError),
+        }
+    }
+}
+
+/// Runs `future` on this thread's loop (or, off a loop thread, on tokio's `LocalSet`).
+pub fn spawn_local<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let loop_id = LOOP_ID.with(|id| id.get());
+    if loop_id == 0 {
+        return JoinHandle {
+            inner: JoinInner::Tokio(tokio::task::spawn_local(future)),
+        };
+    }
+    let state = Rc::new(RefCell::new(JoinState {
+        value: None,
+        waiter: None,
+    }));
+    let result = state.clone();
+    let task: LocalFuture = Box::pin(async move {
+        let v = future.await;
+        let waiter = {
+            let mut s = result.borrow_mut();
+            s.value = Some(v);
+            s.waiter.take()
+        };
+        if let Some(w) = waiter {
+            w.wake();
+        }
+    });
+    let remote = REMOTE
+        .with_borrow(|r| r.clone())
+        .expect("a loop thread has its remote");
+    TASKS.with_borrow_mut(|t| {
+        let index = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                t.slots.push(TaskSlot {
+                    generation: 0,
+                    live: false,
+                    scheduled: false,
+                    future: None,
+                    waker: None,
+                });
+                (t.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut t.slots[index as usize];
+        slot.live = true;
+        slot.scheduled = true;
+        slot.future = Some(task);
+        slot.waker = Some(Waker::from(Arc::new(TaskWaker {
+            key: key_of(index, slot.generation),
+            loop_id,
+            remote,
+        })));
+        t.ready.push_back(index);
+    });
+    JoinHandle {
+        inner: JoinInner::Kite(state),
+    }
+}
+
+/// Polls the task at the front of the ready queue, if any.
+fn run_one() -> bool {
+    let taken = TASKS.with_borrow_mut(|t| {
+        let index = t.ready.pop_front()?;
+        let slot = &mut t.slots[index as usize];
+        slot.scheduled = false;
+        let future = slot.future.take()?;
+        let waker = slot.waker.take()?;
+        Some((index, future, waker))
+    });
+    let Some((index, mut future, waker)) = taken else {
+        return false;
+    };
+    let done = future
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_ready();
+    if done {
+        TASKS.with_borrow_mut(|t| {
+            let slot = &mut t.slots[index as usize];
+            slot.live = false;
+            slot.scheduled = false;
+            slot.generation = slot.generation.wrapping_add(1);
+            t.free.push(index);
+        });
+        // Dropped outside the borrow: a future's fields may wake or spawn as they go.
+        drop(future);
+        drop(waker);
+    } else {
+        TASKS.with_borrow_mut(|t| {
+            let slot = &mut t.slots[index as usize];
+            slot.future = Some(future);
+            slot.waker = Some(waker);
+        });
+    }
+    true
+}
+
+fn ready_len() -> usize {
+    TASKS.with_borrow(|t| t.ready.len())
+}
+
+/// How the thread waits when it has run out of work.
+pub struct Parking {
+    /// Called before the thread sleeps: it may wake tasks (mail found on a last look),
+    /// in which case the thread does not sleep.
+    pub before: Box<dyn FnMut()>,
+    /// Called when the thread is awake again after `before`.
+    pub after: Box<dyn FnMut()>,
+}
+
+/// The thread's loop: its epoll, its eventfd and the mailbox of tasks woken elsewhere.
+pub struct EventLoop {
+    epoll: i32,
+    eventfd: i32,
+    remote: Arc<Remote>,
+}
+
+impl EventLoop {
+    /// Makes this thread a loop thread. Tasks may be spawned from here on; they run once
+    /// `run` is called.
+    pub fn new() -> io::Result<EventLoop> {
+        // SAFETY: plain system calls; their results are checked.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        let eventfd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if eventfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: reactor::EVENTFD_TOKEN,
+        };
+        // SAFETY: both descriptors were just made; `ev` lives across the call.
+        if unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_ADD, eventfd, &mut ev) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let remote = Arc::new(Remote {
+            woken: Mailbox::default(),
+        });
+        remote
+            .woken
+            .set_waker(&Waker::from(Arc::new(Unpark { eventfd })));
+        LOOP_ID.with(|id| id.set(NEXT_LOOP_ID.fetch_add(1, Ordering::Relaxed)));
+        REMOTE.with_borrow_mut(|r| *r = Some(remote.clone()));
+        reactor::set_epoll(epoll);
+        time::start();
+        Ok(EventLoop {
+            epoll,
+            eventfd,
+            remote,
+        })
+    }
+
+    /// Runs the thread's tasks for ever.
+    pub fn run(self, mut parking: Parking) -> ! {
+        let mut events: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut woken = VecDeque::new();
+        loop {
+            // Each task that was ready when the pass began runs once; one woken meanwhile
+            // (by a task, or by itself to yield) waits for the next pass, after the
+            // sockets have been looked at.
+            let mut n = ready_len();
+            while n > 0 && run_one() {
+                n -= 1;
+            }
+            // This pass's replies leave together.
+            crate::net::uring::flush();
+
+            let mut timeout = 0;
+            let mut parked = false;
+            if ready_len() == 0 {
+                crate::net::end_of_pass();
+                (parking.before)();
+                parked = true;
+                if ready_len() == 0 && !self.remote.woken.about_to_sleep() {
+                    timeout = time::next_timeout_ms();
+                }
+            }
+            // SAFETY: `events` outlives the call and its length is what the kernel is told.
+            let got = unsafe {
+                libc::epoll_wait(
+                    self.epoll,
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout,
+                )
+            };
+            if parked {
+                self.remote.woken.awake();
+                (parking.after)();
+            }
+            for ev in events.iter().take(got.max(0) as usize) {
+                let token = ev.u64;
+                if token == reactor::EVENTFD_TOKEN {
+                    let mut sink = 0u64;
+                    // SAFETY: reads 8 bytes into a live u64 (resets the eventfd).
+                    unsafe { libc::read(self.eventfd, (&mut sink as *mut u64).cast(), 8) };
+                } else {
+                    reactor::dispatch(token, ev.events);
+                }
+            }
+            if self.remote.woken.has_mail() {
+                self.remote.woken.take_into(&mut woken);
+                for key in woken.drain(..) {
+                    schedule_here(key);
+                }
+            }
+            time::advance();
+        }
+    }
+}
+
+/// The runtime that drives the tokio types still used on loop threads (outbound links,
+/// HTTP, signals): one current-thread runtime on a thread of its own, started on first
+/// use. Its wake-ups reach a loop thread's tasks through their remote wakers.
+pub fn tokio_handle() -> tokio::runtime::Handle {
+    static HANDLE: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("kite-io".into())
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("tokio runtime");
+                    let _ = tx.send(runtime.handle().clone());
+                    runtime.block_on(std::future::pending::<()>());
+                })
+                .expect("the kite-io thread");
+            rx.recv().expect("the kite-io runtime")
+        })
+        .clone()
+}
