@@ -223,6 +223,8 @@ pub(super) fn next_timeout_ms() -> i32 {
 /// A timer: `sleep` or `sleep_until`.
 pub struct Sleep {
     inner: SleepInner,
+    /// A wheel timer belongs to its thread's wheel: never sent elsewhere.
+    _here: std::marker::PhantomData<std::rc::Rc<()>>,
 }
 
 enum SleepInner {
@@ -247,6 +249,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
                 tokio::time::Instant::from_std(deadline),
             )))
         },
+        _here: std::marker::PhantomData,
     }
 }
 
@@ -372,5 +375,60 @@ impl Interval {
             due + self.period
         };
         now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wheel() -> Wheel {
+        Wheel {
+            epoch: Instant::now(),
+            now: 0,
+            slots: (0..SLOTS).map(|_| Vec::new()).collect(),
+            entries: Vec::new(),
+            free: Vec::new(),
+            waiting: 0,
+            earliest: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_timer_past_one_turn_waits_for_its_round() {
+        let mut w = wheel();
+        let key = w.insert(700, Waker::noop().clone());
+        let mut fired = Vec::new();
+        // 700 shares slot 188 with 188: passing it in the first turn fires nothing.
+        w.advance(600, &mut fired);
+        assert!(fired.is_empty());
+        assert!(!w.entry(key).expect("waiting").fired);
+        assert_eq!(w.next_deadline(), Some(700));
+        w.advance(699, &mut fired);
+        assert!(fired.is_empty());
+        w.advance(700, &mut fired);
+        assert_eq!(fired.len(), 1);
+        assert!(w.entry(key).expect("fired, not yet released").fired);
+        assert_eq!(w.next_deadline(), None);
+    }
+
+    #[test]
+    fn next_deadline_skips_cancelled_timers_and_a_long_gap_fires_everything() {
+        let mut w = wheel();
+        let early = w.insert(5, Waker::noop().clone());
+        let _late = w.insert(40, Waker::noop().clone());
+        let _far = w.insert(5000, Waker::noop().clone());
+        assert_eq!(w.next_deadline(), Some(5));
+        w.release(early);
+        let mut fired = Vec::new();
+        w.advance(6, &mut fired);
+        assert!(fired.is_empty(), "a cancelled timer fired");
+        assert_eq!(w.next_deadline(), Some(40));
+        // The thread was held for seconds: one advance walks each slot once and fires
+        // all that are due.
+        w.advance(6000, &mut fired);
+        assert_eq!(fired.len(), 2);
+        assert_eq!(w.waiting, 0);
+        assert_eq!(w.next_deadline(), None);
     }
 }
