@@ -58,7 +58,7 @@ pub fn loop_counters() -> LoopCounters {
 }
 
 /// The thread is about to wait: the end of a pass. (Its replies already left when its
-/// tasks' turn ended: `server::worker_main` sends the batch after every turn.)
+/// pass ended: the loop, `net::event_loop`, sends the batch at the end of every pass.)
 pub fn end_of_pass() {
     count(|c| c.passes += 1);
 }

@@ -14,8 +14,9 @@
 //! and the queue head: of "sender pushed, then read the flag" and "thread raised the
 //! flag, then read the queue", at least one sees the other.
 //!
-//! tokio still parks the thread (its `on_thread_park` hook calls `before_park`); the wake
-//! is the mailbox future's waker, the only eventfd write left per sleep.
+//! The thread's loop (`net::event_loop`) calls `before_park` when it runs out of work and
+//! `after_unpark` when it wakes; the wake is the mailbox task's waker, which reaches a
+//! sleeping loop through its eventfd: the only system call a sleep costs a sender.
 
 use std::cell::RefCell;
 use std::ptr;
@@ -159,9 +160,9 @@ pub fn waiting(mailbox: &Arc<Mailbox>, waker: &Waker) {
     });
 }
 
-/// tokio's `on_thread_park`: raise the flag, then look once more. Mail that came in
+/// The loop is about to sleep: raise the flag, then look once more. Mail that came in
 /// meanwhile wakes the mailbox future here, on this thread, which costs no system call and
-/// keeps tokio from sleeping.
+/// keeps the loop from sleeping.
 ///
 /// First, up to `yields` times (`park-yields`; 0 with one thread), the thread gives its
 /// core away with `sched_yield` and looks at its mailbox when it runs again. A thread
@@ -191,7 +192,7 @@ pub fn before_park(yields: u32) {
     });
 }
 
-/// tokio's `on_thread_unpark`: awake again, so senders need not wake this thread. Mail
+/// The loop is awake again, so senders need not wake this thread. Mail
 /// sent from now on is found before the next sleep.
 pub fn after_unpark() {
     OWN.with(|own| {
