@@ -384,6 +384,7 @@ async fn feed_loop(
     let timeout_ms = super::timeout(&sess.worker.shared).as_millis() as u64;
     let mut tick = crate::net::event_loop::time::interval(Duration::from_secs(1));
     loop {
+        crate::net::event_loop::cooperate().await;
         tokio::select! {
             _ = handle.wake.notified() => {
                 if handle.killed.get() {

@@ -723,6 +723,8 @@ async fn apply_loop(
     let mut tick = crate::net::event_loop::time::interval(Duration::from_millis(100));
     let mut batches = Batches::new(shared.nshards());
     loop {
+        // The master's stream may never run dry: let the thread's other work in.
+        crate::net::event_loop::cooperate().await;
         // Apply every whole command buffered.
         let gate = r.apply_gate.lock().await;
         if !current(shared, gen) {

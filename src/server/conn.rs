@@ -403,6 +403,8 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
     // One vector for every group this connection parses, not one allocated per read.
     let mut cmds: Vec<Vec<Bytes>> = Vec::new();
     loop {
+        // A flood of pushes (or input) must not keep the thread from its other work.
+        crate::net::event_loop::cooperate().await;
         if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
             return Exit::Closed;
         }

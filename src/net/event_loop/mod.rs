@@ -64,6 +64,38 @@ thread_local! {
 
 static NEXT_LOOP_ID: AtomicUsize = AtomicUsize::new(1);
 
+/// Ready events a task may take in one poll before it is made to yield (tokio's coop
+/// budget did this under `LocalSet`): a client that keeps a pipeline full, or a
+/// replication stream that never runs dry, must not keep the thread from its other
+/// connections, its mail and its send batch.
+const BUDGET_PER_POLL: u32 = 128;
+
+thread_local! {
+    static BUDGET: Cell<u32> = const { Cell::new(BUDGET_PER_POLL) };
+}
+
+/// Takes one unit of the running task's budget; when it is spent, asks for the task to
+/// be polled again on the next pass and says `Pending`.
+pub fn poll_budget(cx: &mut Context<'_>) -> Poll<()> {
+    BUDGET.with(|b| match b.get() {
+        0 => {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        n => {
+            b.set(n - 1);
+            Poll::Ready(())
+        }
+    })
+}
+
+/// Yields to the rest of the thread once the task has used its budget for this poll.
+/// Loops that take their input from tokio types (whose own budget does not run here) call
+/// it once per item.
+pub async fn cooperate() {
+    std::future::poll_fn(poll_budget).await
+}
+
 fn key_of(index: u32, generation: u32) -> u64 {
     (u64::from(generation) << 32) | u64::from(index)
 }
@@ -131,7 +163,25 @@ enum JoinInner<T> {
 
 struct JoinState<T> {
     value: Option<T>,
+    /// The task is over: with no value, it panicked.
+    finished: bool,
     waiter: Option<Waker>,
+}
+
+/// Marks the task finished however it ends (a panic unwinds through it too).
+struct Finish<T>(Rc<RefCell<JoinState<T>>>);
+
+impl<T> Drop for Finish<T> {
+    fn drop(&mut self) {
+        let waiter = {
+            let mut s = self.0.borrow_mut();
+            s.finished = true;
+            s.waiter.take()
+        };
+        if let Some(w) = waiter {
+            w.wake();
+        }
+    }
 }
 
 /// The task ended without a result (tokio's fallback only: a loop never drops a task).
@@ -147,6 +197,7 @@ impl<T> Future for JoinHandle<T> {
                 let mut state = state.borrow_mut();
                 match state.value.take() {
                     Some(v) => Poll::Ready(Ok(v)),
+                    None if state.finished => Poll::Ready(Err(JoinError)),
                     None => {
                         state.waiter = Some(cx.waker().clone());
                         Poll::Pending
@@ -172,19 +223,14 @@ where
     }
     let state = Rc::new(RefCell::new(JoinState {
         value: None,
+        finished: false,
         waiter: None,
     }));
-    let result = state.clone();
+    let finish = Finish(state.clone());
     let task: LocalFuture = Box::pin(async move {
         let v = future.await;
-        let waiter = {
-            let mut s = result.borrow_mut();
-            s.value = Some(v);
-            s.waiter.take()
-        };
-        if let Some(w) = waiter {
-            w.wake();
-        }
+        finish.0.borrow_mut().value = Some(v);
+        drop(finish);
     });
     let remote = REMOTE
         .with_borrow(|r| r.clone())
@@ -219,23 +265,37 @@ where
     }
 }
 
-/// Polls the task at the front of the ready queue, if any.
+/// Polls the first task on the ready queue; false when the queue is empty.
 fn run_one() -> bool {
-    let taken = TASKS.with_borrow_mut(|t| {
+    let taken = TASKS.with_borrow_mut(|t| loop {
         let index = t.ready.pop_front()?;
         let slot = &mut t.slots[index as usize];
+        // A task that woke itself and then finished left its index behind (and the slot
+        // may have a new task, already queued): skip what is not scheduled.
+        if !slot.scheduled {
+            continue;
+        }
         slot.scheduled = false;
-        let future = slot.future.take()?;
-        let waker = slot.waker.take()?;
-        Some((index, future, waker))
+        if let (Some(future), Some(waker)) = (slot.future.take(), slot.waker.take()) {
+            return Some((index, future, waker));
+        }
     });
     let Some((index, mut future, waker)) = taken else {
         return false;
     };
-    let done = future
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_ready();
+    BUDGET.with(|b| b.set(BUDGET_PER_POLL));
+    // A task that panics ends alone, as under tokio: the thread and its other connections
+    // go on (the panic hook has printed the message; a `JoinHandle` gets `JoinError`).
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        future.as_mut().poll(&mut Context::from_waker(&waker))
+    }));
+    let done = match polled {
+        Ok(p) => p.is_ready(),
+        Err(_) => {
+            tracing::error!("A task panicked and was dropped; its connection, if any, is closed");
+            true
+        }
+    };
     if done {
         TASKS.with_borrow_mut(|t| {
             let slot = &mut t.slots[index as usize];
@@ -245,7 +305,7 @@ fn run_one() -> bool {
             t.free.push(index);
         });
         // Dropped outside the borrow: a future's fields may wake or spawn as they go.
-        drop(future);
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(future)));
         drop(waker);
     } else {
         TASKS.with_borrow_mut(|t| {
@@ -504,6 +564,76 @@ mod tests {
             n
         });
         assert_eq!(rounds, 300);
+    }
+
+    #[test]
+    fn a_panicking_task_ends_alone() {
+        let (joined, after) = on_loop(|| async {
+            let bad = spawn_local(async {
+                if std::hint::black_box(true) {
+                    panic!("a test task panics on purpose");
+                }
+                1
+            });
+            let joined = bad.await.is_err();
+            let good = spawn_local(async { 2 }).await.expect("a later task runs");
+            (joined, good)
+        });
+        assert!(joined, "the panicked task's handle reports an error");
+        assert_eq!(after, 2);
+    }
+
+    #[test]
+    fn a_task_that_is_always_ready_still_lets_the_others_run() {
+        // A socket whose peer has gone stays readable for ever (edge-triggered epoll
+        // reports the close once), and a loop that only waits for readiness would hold
+        // the thread without the budget.
+        let turns = on_loop(|| async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (ours, _) = listener.accept().expect("accept");
+            drop(peer);
+            let socket = Socket::from_std(ours).expect("register");
+            let stop = Rc::new(Cell::new(false));
+            let setter = {
+                let stop = stop.clone();
+                spawn_local(async move { stop.set(true) })
+            };
+            let mut turns = 0u64;
+            while !stop.get() {
+                socket.readable().await.expect("readable");
+                turns += 1;
+                assert!(turns < 1_000_000, "the other task never ran");
+            }
+            // And the same for a loop of tokio-fed work that calls `cooperate`.
+            let stop2 = Rc::new(Cell::new(false));
+            {
+                let stop2 = stop2.clone();
+                spawn_local(async move { stop2.set(true) });
+            }
+            let mut spins = 0u64;
+            while !stop2.get() {
+                cooperate().await;
+                spins += 1;
+                assert!(spins < 1_000_000, "cooperate never yielded");
+            }
+            setter.await.expect("setter");
+            turns
+        });
+        assert!(
+            turns <= BUDGET_PER_POLL as u64 + 1,
+            "{turns} turns before yielding"
+        );
+    }
+
+    #[test]
+    fn a_timer_of_any_length_can_be_set() {
+        let r = on_loop(|| async {
+            timeout(Duration::MAX, async { 3 })
+                .await
+                .expect("no panic, no elapse")
+        });
+        assert_eq!(r, 3);
     }
 
     #[test]

@@ -61,7 +61,7 @@ struct IoSlot {
 impl IoSlot {
     fn poll_ready(&self, interest: Interest, cx: &mut Context<'_>) -> Poll<()> {
         if self.ready.get() & interest.bit() != 0 {
-            return Poll::Ready(());
+            return super::poll_budget(cx);
         }
         let mut slot = match interest {
             Interest::Readable => self.reader.borrow_mut(),

@@ -233,7 +233,15 @@ enum SleepInner {
 }
 
 pub fn sleep(duration: Duration) -> Sleep {
-    sleep_until(Instant::now() + duration)
+    sleep_until(far_or(Instant::now(), duration))
+}
+
+/// `from + duration`, or about thirty years on where that would overflow (a setting of
+/// `repl-timeout` near i64::MAX seconds means "never").
+fn far_or(from: Instant, duration: Duration) -> Instant {
+    from.checked_add(duration)
+        .or_else(|| from.checked_add(Duration::from_secs(30 * 365 * 86_400)))
+        .unwrap_or(from)
 }
 
 pub fn sleep_until(deadline: Instant) -> Sleep {
@@ -295,8 +303,9 @@ impl Future for Sleep {
 impl Drop for Sleep {
     fn drop(&mut self) {
         if let SleepInner::Wheel { key: Some(k), .. } = self.inner {
-            WHEEL.with_borrow_mut(|w| {
-                if let Some(w) = w.as_mut() {
+            // The wheel may be gone already when the thread's locals are being torn down.
+            let _ = WHEEL.try_with(|w| {
+                if let Some(w) = w.borrow_mut().as_mut() {
                     w.release(k);
                 }
             });
@@ -347,8 +356,9 @@ impl<F: Future> Future for Timeout<F> {
     }
 }
 
-/// A periodic tick. The first completes at once; after a late one the next comes a full
-/// period later (tokio's `MissedTickBehavior::Delay`), never in a burst.
+/// A periodic tick. The first completes at once. A tick less than a period late keeps
+/// the schedule; one later than that moves it to a period after the late tick, so missed
+/// ticks never come in a burst (between tokio's `Delay` and `Skip`).
 pub struct Interval {
     period: Duration,
     next: Instant,
@@ -369,10 +379,10 @@ impl Interval {
             sleep_until(due).await;
         }
         let now = Instant::now();
-        self.next = if now > due + self.period {
-            now + self.period
+        self.next = if now > far_or(due, self.period) {
+            far_or(now, self.period)
         } else {
-            due + self.period
+            far_or(due, self.period)
         };
         now
     }

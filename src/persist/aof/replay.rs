@@ -401,6 +401,7 @@ async fn replay_task(worker: Rc<Worker>, mut rx: mpsc::Receiver<Item>) {
     let mut error: Option<String> = None;
     let mut count = 0u64;
     while let Some(item) = rx.recv().await {
+        crate::net::event_loop::cooperate().await;
         match item {
             Item::Cmd(args, file, offset) => {
                 if error.is_some() {
