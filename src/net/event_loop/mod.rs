@@ -35,7 +35,6 @@ struct TaskSlot {
     waker: Option<Waker>,
 }
 
-#[derive(Default)]
 struct Tasks {
     slots: Vec<TaskSlot>,
     free: Vec<u32>,
@@ -58,7 +57,13 @@ struct Remote {
 thread_local! {
     /// Non-zero on a thread that runs a Kite loop.
     static LOOP_ID: Cell<usize> = const { Cell::new(0) };
-    static TASKS: RefCell<Tasks> = RefCell::new(Tasks::default());
+    static TASKS: RefCell<Tasks> = const {
+        RefCell::new(Tasks {
+            slots: Vec::new(),
+            free: Vec::new(),
+            ready: VecDeque::new(),
+        })
+    };
     static REMOTE: RefCell<Option<Arc<Remote>>> = const { RefCell::new(None) };
 }
 
@@ -76,6 +81,7 @@ thread_local! {
 
 /// Takes one unit of the running task's budget; when it is spent, asks for the task to
 /// be polled again on the next pass and says `Pending`.
+#[inline]
 pub fn poll_budget(cx: &mut Context<'_>) -> Poll<()> {
     BUDGET.with(|b| match b.get() {
         0 => {

@@ -59,6 +59,7 @@ struct IoSlot {
 }
 
 impl IoSlot {
+    #[inline]
     fn poll_ready(&self, interest: Interest, cx: &mut Context<'_>) -> Poll<()> {
         if self.ready.get() & interest.bit() != 0 {
             return super::poll_budget(cx);
@@ -151,6 +152,7 @@ impl Socket {
     }
 
     /// Ready for `interest`, or registers the caller to be woken when it is.
+    #[inline]
     pub fn poll_ready(&self, interest: Interest, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.slot.poll_ready(interest, cx).map(Ok)
     }
