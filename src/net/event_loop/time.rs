@@ -45,8 +45,12 @@ thread_local! {
 }
 
 pub(super) fn start() {
-    WHEEL.with_borrow_mut(|w| {
-        *w = Some(Wheel {
+    WHEEL.with_borrow_mut(|w| *w = Some(Wheel::new()));
+}
+
+impl Wheel {
+    fn new() -> Wheel {
+        Wheel {
             epoch: Instant::now(),
             now: 0,
             slots: (0..SLOTS).map(|_| Vec::new()).collect(),
@@ -54,11 +58,9 @@ pub(super) fn start() {
             free: Vec::new(),
             waiting: 0,
             earliest: u64::MAX,
-        })
-    });
-}
+        }
+    }
 
-impl Wheel {
     /// Milliseconds since the epoch, rounded up: a timer never fires early.
     fn ms_ceil(&self, at: Instant) -> u64 {
         let d = at.saturating_duration_since(self.epoch);
@@ -393,15 +395,7 @@ mod tests {
     use super::*;
 
     fn wheel() -> Wheel {
-        Wheel {
-            epoch: Instant::now(),
-            now: 0,
-            slots: (0..SLOTS).map(|_| Vec::new()).collect(),
-            entries: Vec::new(),
-            free: Vec::new(),
-            waiting: 0,
-            earliest: u64::MAX,
-        }
+        Wheel::new()
     }
 
     #[test]
