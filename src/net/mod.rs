@@ -196,7 +196,7 @@ impl Stream {
         if self.tls.is_some() {
             return None;
         }
-        self.tcp.into_std().ok()
+        Some(self.tcp.into_std())
     }
 
     /// Reads what is available (at least one byte, or 0 at end of stream).

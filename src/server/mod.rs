@@ -91,7 +91,7 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
         Err(e) => tracing::warn!("Thread {id}: {e}; replies are written one by one"),
         _ => {}
     }
-    // tokio stays for what is off the request path (outbound links, HTTP, signals): its
+    // tokio stays for what is off the request path (outbound links, signals): its
     // types work here through the `kite-io` thread's runtime, which drives them.
     let _tokio = crate::net::event_loop::tokio_handle().enter();
     let event_loop = crate::net::event_loop::EventLoop::new().expect("the thread's event loop");

@@ -152,11 +152,6 @@ impl Wake for Unpark {
     }
 }
 
-/// Whether this thread runs a Kite loop.
-pub fn on_loop_thread() -> bool {
-    LOOP_ID.with(|id| id.get()) != 0
-}
-
 /// A spawned task's result.
 pub struct JoinHandle<T> {
     inner: JoinInner<T>,
@@ -190,7 +185,7 @@ impl<T> Drop for Finish<T> {
     }
 }
 
-/// The task ended without a result (tokio's fallback only: a loop never drops a task).
+/// The task ended without a result: it panicked (or, off a loop thread, tokio dropped it).
 #[derive(Debug)]
 pub struct JoinError;
 
@@ -468,7 +463,7 @@ impl EventLoop {
 }
 
 /// The runtime that drives the tokio types still used on loop threads (outbound links,
-/// HTTP, signals): one current-thread runtime on a thread of its own, started on first
+/// signals): one current-thread runtime on a thread of its own, started on first
 /// use. Its wake-ups reach a loop thread's tasks through their remote wakers.
 pub fn tokio_handle() -> tokio::runtime::Handle {
     static HANDLE: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();

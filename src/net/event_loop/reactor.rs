@@ -212,9 +212,9 @@ impl Socket {
     }
 
     /// Leaves the loop and gives the socket back (a connection moving to another thread).
-    pub fn into_std(mut self) -> io::Result<std::net::TcpStream> {
+    pub fn into_std(mut self) -> std::net::TcpStream {
         self.deregister();
-        Ok(self.tcp.take().expect("a socket in use"))
+        self.tcp.take().expect("a socket in use")
     }
 
     fn deregister(&mut self) {

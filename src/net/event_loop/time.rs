@@ -21,10 +21,16 @@ const SLOTS: usize = 512;
 struct Entry {
     generation: u32,
     deadline: u64,
-    /// `Some` while waiting; `None` once fired or free.
+    /// `Some` while waiting; `None` once fired (while `live`) or free.
     waker: Option<Waker>,
-    fired: bool,
     live: bool,
+}
+
+impl Entry {
+    /// Its deadline passed and its waker was called; the `Sleep` has not seen it yet.
+    fn fired(&self) -> bool {
+        self.live && self.waker.is_none()
+    }
 }
 
 struct Wheel {
@@ -86,7 +92,6 @@ impl Wheel {
                     generation: 0,
                     deadline: 0,
                     waker: None,
-                    fired: false,
                     live: false,
                 });
                 (self.entries.len() - 1) as u32
@@ -95,7 +100,6 @@ impl Wheel {
         let e = &mut self.entries[index as usize];
         e.deadline = deadline;
         e.waker = Some(waker);
-        e.fired = false;
         e.live = true;
         let key = (u64::from(e.generation) << 32) | u64::from(index);
         self.slots[(deadline % SLOTS as u64) as usize].push(key);
@@ -115,7 +119,6 @@ impl Wheel {
         let Some(e) = self.entry(key) else { return };
         let was_waiting = e.waker.take().is_some();
         e.live = false;
-        e.fired = false;
         e.generation = e.generation.wrapping_add(1);
         if was_waiting {
             self.waiting -= 1;
@@ -147,15 +150,14 @@ impl Wheel {
                 if e.deadline > to {
                     return true;
                 }
-                e.fired = true;
                 if let Some(w) = e.waker.take() {
                     fire.push(w);
                 }
                 self.waiting -= 1;
                 false
             });
-            // Keys pushed into this slot meanwhile (none: nothing runs here) and the
-            // kept ones go back.
+            // Nothing ran while the slot was out (wakers are only collected), so it is
+            // put back as it was, less the fired and stale keys.
             self.slots[slot] = keys;
         }
     }
@@ -284,7 +286,7 @@ impl Future for Sleep {
                         let Some(e) = w.entry(k) else {
                             return Poll::Ready(());
                         };
-                        if e.fired {
+                        if e.fired() {
                             w.release(k);
                             *key = None;
                             // Polled again it stays done.
@@ -406,13 +408,13 @@ mod tests {
         // 700 shares slot 188 with 188: passing it in the first turn fires nothing.
         w.advance(600, &mut fired);
         assert!(fired.is_empty());
-        assert!(!w.entry(key).expect("waiting").fired);
+        assert!(!w.entry(key).expect("waiting").fired());
         assert_eq!(w.next_deadline(), Some(700));
         w.advance(699, &mut fired);
         assert!(fired.is_empty());
         w.advance(700, &mut fired);
         assert_eq!(fired.len(), 1);
-        assert!(w.entry(key).expect("fired, not yet released").fired);
+        assert!(w.entry(key).expect("fired, not yet released").fired());
         assert_eq!(w.next_deadline(), None);
     }
 
