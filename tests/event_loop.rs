@@ -1793,6 +1793,68 @@ fn busy_script_replies_keep_order() {
     );
 }
 
+/// The loop reads every socket a wait found readable before any task runs ("Reads of a
+/// pass in one system call"), so a request can sit read, not yet parsed, while another
+/// connection's script of the same pass holds the thread. The busy hook must answer that
+/// request too: here B's SCRIPT KILL, sent right behind A's endless script, so that both
+/// usually come out of one wait. Were the hook to read only B's socket, B would wait for
+/// ever and A's script would never end (the reads time out after `REPLY_WAIT`).
+#[test]
+fn script_kill_read_in_the_scripts_own_pass_is_answered() {
+    const ROUNDS: usize = 20;
+    let s = KiteServer::start(&[], 1);
+    let mut admin = client(&s);
+    assert_eq!(
+        admin.cmd(&["CONFIG", "SET", "busy-reply-threshold", "10"]),
+        Resp::ok()
+    );
+    let mut a = client(&s);
+    let mut b = client(&s);
+    // Both connections' tasks have run once (a connection whose task has not yet run
+    // when the script starts is not seen by the hook: a gap of its own, not this one).
+    assert_eq!(a.cmd(&["PING"]), Resp::simple("PONG"));
+    assert_eq!(b.cmd(&["PING"]), Resp::simple("PONG"));
+    for round in 0..ROUNDS {
+        let script = a_script_without_end();
+        a.send(&["EVAL", script.as_str(), "0"]);
+        b.send(&["SCRIPT", "KILL"]);
+        let mut kills = 0;
+        loop {
+            let r = b
+                .try_read()
+                .unwrap_or_else(|e| panic!("round {round}: B's SCRIPT KILL unanswered: {e}"));
+            kills += 1;
+            if r == Resp::ok() {
+                break;
+            }
+            // B came first: no script yet. Ask again until the script is there.
+            assert!(
+                r.error_text().is_some_and(|e| e.starts_with("NOTBUSY")),
+                "round {round}: SCRIPT KILL answered {r}"
+            );
+            assert!(kills < 10_000, "round {round}: the script never started");
+            thread::sleep(Duration::from_millis(2));
+            b.send(&["SCRIPT", "KILL"]);
+        }
+        let r = a
+            .try_read()
+            .unwrap_or_else(|e| panic!("round {round}: no EVAL result: {e}"));
+        assert!(
+            r.error_text().is_some_and(|e| e.contains("killed")),
+            "round {round}: the killed script answered {r}"
+        );
+        assert_eq!(a.cmd(&["PING"]), Resp::simple("PONG"), "round {round}");
+    }
+    // On a ring the loop did read ahead (so the case above was reachable).
+    if sends_through_io_uring(&mut admin) {
+        assert!(info_int(&mut admin, "transactions", "reads_ahead") > 0);
+    }
+}
+
+fn a_script_without_end() -> String {
+    "local n = 0 while true do n = n + 1 end".to_string()
+}
+
 // ---------------------------------------------------------------------------
 
 fn many_connections_at_once(threads: usize) {

@@ -30,6 +30,10 @@ pub struct LoopCounters {
     pub send_batches: u64,
     pub batched_sends: u64,
     pub short_sends: u64,
+    /// Batches of reads the loop made ahead of the connections' tasks, and reads in them
+    /// (`event_loop::reactor::read_ahead`).
+    pub read_ahead_batches: u64,
+    pub reads_ahead: u64,
 }
 
 thread_local! {
@@ -40,6 +44,8 @@ thread_local! {
             send_batches: 0,
             batched_sends: 0,
             short_sends: 0,
+            read_ahead_batches: 0,
+            reads_ahead: 0,
         })
     };
 }
@@ -87,6 +93,8 @@ pub struct Stream {
 
 impl Stream {
     pub fn plain(tcp: Socket) -> Stream {
+        // Read only through `read_plain`, which takes the loop's read-ahead first.
+        tcp.allow_read_ahead();
         Stream::with(tcp, None)
     }
 
@@ -188,9 +196,10 @@ impl Stream {
         self.tcp.peer_addr()
     }
 
-    /// The plain socket, for moving the connection to another thread. A TLS connection
-    /// stays where it is (its session is not handed over).
-    pub fn into_std(self) -> Option<std::net::TcpStream> {
+    /// The plain socket, for moving the connection to another thread, with the bytes the
+    /// loop read from it ahead of the connection (they come before the socket's). A TLS
+    /// connection stays where it is (its session is not handed over).
+    pub fn into_std(self) -> Option<(std::net::TcpStream, BytesMut)> {
         // The connection sends what the batch holds before it moves (`conn::serve`).
         debug_assert!(!self.owes_output(), "a migrating connection owes output");
         if self.tls.is_some() {
@@ -391,11 +400,22 @@ impl Write for FdIo {
 /// socket is marked not ready at once: without that, the next wait would return
 /// immediately and cost one more `recv` that finds nothing, one extra system call per
 /// request on an unpipelined connection.
+///
+/// Bytes the loop read ahead (`event_loop::reactor::read_ahead`) are taken first; the
+/// socket is read only when there are none.
 async fn read_plain(stream: &Socket, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
+        let ahead = stream.take_read_ahead_into(buf)?;
+        if ahead > 0 {
+            return Ok(ahead);
+        }
         // The stream's single reader slot, not `readable()`: that one links a waiter into
         // the socket's list under its lock and unlinks it when dropped, on every wait.
         std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
+        let ahead = stream.take_read_ahead_into(buf)?;
+        if ahead > 0 {
+            return Ok(ahead);
+        }
         let mut got = 0usize;
         let fd = stream.as_raw_fd();
         let result = stream.try_io(Interest::Readable, || {

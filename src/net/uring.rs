@@ -1,15 +1,17 @@
 //! The thread's io_uring ring, used to send the replies of a pass with one system call
-//! (docs/event-loop.md, "Replies of one pass in one system call").
+//! (docs/event-loop.md, "Replies of one pass in one system call"), and to read the
+//! sockets a wait found readable with one more ("Reads of a pass in one system call").
 //!
 //! Owns the ring and the list of connections whose replies wait in it. Decides nothing
-//! about what is sent: a connection hands over finished bytes (`Stream::queue_for_pass`)
-//! and this module only sends them, in one `io_uring_enter` for the whole list, and
-//! tells a connection when its socket took less than all. Never reads a socket, parses
-//! or runs a command.
+//! about what is sent or read: a connection hands over finished bytes
+//! (`Stream::queue_for_pass`) and this module only sends them, in one `io_uring_enter`
+//! for the whole list, and tells a connection when its socket took less than all; the
+//! reactor hands over buffers to read into (`recv_batch`) and gets the results. Never
+//! parses or runs a command.
 //!
-//! Every send carries `MSG_DONTWAIT`, so the kernel completes it inside the submitting
-//! call (sent, cut short, or `-EAGAIN`) rather than parking it: once `flush` returns no
-//! buffer is in the kernel's hands. Should a completion ever be missing (a kernel that
+//! Every send and receive carries `MSG_DONTWAIT`, so the kernel completes it inside the
+//! submitting call (done, cut short, or `-EAGAIN`) rather than parking it: once `flush`
+//! or `recv_batch` returns no buffer is in the kernel's hands. Should a completion ever be missing (a kernel that
 //! parks the send after all), `flush` cancels it and waits for the answer before it lets
 //! go of any buffer, and the thread stops using its ring. If even that fails, the buffer
 //! the kernel may still read is never freed or reused (`ABANDONED`) and its connection is
@@ -275,6 +277,145 @@ fn send_chunk(ring: &mut IoUring, chunk: &[Rc<Stream>]) -> bool {
         }
     }
     false
+}
+
+/// One receive of a batch: into `len` bytes at `buf` from socket `fd`. `result` is set
+/// to the bytes received, a negative errno, `LEFT_WITH_KERNEL`, or 0: nothing read (the
+/// end of the stream, or a receive never tried), which the socket's reader finds out by
+/// reading itself.
+pub struct Recv {
+    pub fd: i32,
+    pub buf: *mut u8,
+    pub len: u32,
+    pub result: i32,
+}
+
+/// A receive the kernel did not complete and could not be made to give up: it may still
+/// write into its buffer, which the caller must never free or reuse.
+pub const LEFT_WITH_KERNEL: i32 = i32::MIN;
+
+/// Receives into every buffer of `reads` without waiting, in one `io_uring_enter` per 256.
+/// False, with nothing read, if this thread has no ring.
+///
+/// # Safety
+/// Each `buf` must be valid for writes of `len` bytes until this returns, and for ever
+/// where the result is `LEFT_WITH_KERNEL`.
+pub unsafe fn recv_batch(reads: &mut [Recv]) -> bool {
+    BATCH.with(|b| {
+        let Ok(mut guard) = b.try_borrow_mut() else {
+            return false;
+        };
+        let Some(batch) = guard.as_mut() else {
+            return false;
+        };
+        let mut healthy = true;
+        for chunk in reads.chunks_mut(ENTRIES as usize) {
+            if !healthy {
+                // Not read: the results say "would block", and the readers read
+                // themselves (their sockets stay readable).
+                for r in chunk.iter_mut() {
+                    r.result = 0;
+                }
+                continue;
+            }
+            healthy = recv_chunk(&mut batch.ring, chunk);
+        }
+        if !healthy {
+            tracing::warn!("io_uring receives stopped working on this thread; sockets are read one by one from now on");
+            record_error("io_uring receives failed at run time (see the log)");
+            // Sends still queued go out one by one.
+            for s in std::mem::take(&mut batch.waiting) {
+                s.in_batch.set(false);
+                stall(&s);
+            }
+            guard.take();
+            ON.with(|on| on.set(false));
+            THREADS_ON_RING.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    })
+}
+
+/// Receives one chunk; false if the ring is to be given up.
+fn recv_chunk(ring: &mut IoUring, chunk: &mut [Recv]) -> bool {
+    let mut answered = [false; ENTRIES as usize];
+    {
+        let mut sq = ring.submission();
+        for (i, r) in chunk.iter().enumerate() {
+            let entry = opcode::Recv::new(types::Fd(r.fd), r.buf, r.len)
+                .flags(libc::MSG_DONTWAIT)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the caller keeps the buffer valid until this returns (or for ever
+            // if it is left with the kernel). The ring is empty between chunks.
+            if unsafe { sq.push(&entry) }.is_err() {
+                unreachable!("a chunk fits the ring");
+            }
+        }
+    }
+    let mut left = chunk.len();
+    if let Err(e) = enter(ring, 0) {
+        // Nothing reached the kernel: the readers read themselves.
+        tracing::warn!("io_uring_enter failed: {e}");
+        for r in chunk.iter_mut() {
+            r.result = 0;
+        }
+        return false;
+    }
+    for cqe in ring.completion() {
+        let i = cqe.user_data() as usize;
+        answered[i] = true;
+        left -= 1;
+        chunk[i].result = cqe.result();
+    }
+    if left == 0 {
+        return true;
+    }
+    // A receive was parked instead of completed in the call: cancel what is missing,
+    // wait for every answer, and stop using the ring.
+    for i in (0..chunk.len()).filter(|&i| !answered[i]) {
+        let cancel = opcode::AsyncCancel::new(i as u64)
+            .build()
+            .user_data(CANCEL_TAG | i as u64);
+        // SAFETY: a cancellation carries no buffer.
+        while unsafe { ring.submission().push(&cancel) }.is_err() {
+            if enter(ring, 0).is_err() {
+                leave_with_kernel(chunk, &answered);
+                return false;
+            }
+        }
+    }
+    while left > 0 {
+        if enter(ring, 1).is_err() {
+            leave_with_kernel(chunk, &answered);
+            return false;
+        }
+        for cqe in ring.completion() {
+            let tag = cqe.user_data();
+            if tag & CANCEL_TAG != 0 {
+                continue;
+            }
+            let i = tag as usize;
+            if !answered[i] {
+                answered[i] = true;
+                left -= 1;
+                // Cancelled means nothing was read: left to the reader, as a 0 is.
+                chunk[i].result = if cqe.result() == -libc::ECANCELED {
+                    0
+                } else {
+                    cqe.result()
+                };
+            }
+        }
+    }
+    false
+}
+
+fn leave_with_kernel(chunk: &mut [Recv], answered: &[bool]) {
+    tracing::warn!("io_uring_enter failed while cancelling parked receives");
+    for (r, _) in chunk.iter_mut().zip(answered).filter(|(_, a)| !**a) {
+        r.result = LEFT_WITH_KERNEL;
+    }
 }
 
 /// `io_uring_enter` submitting what is queued and waiting for `want` completions,

@@ -92,7 +92,10 @@ pub fn serve(worker: &Rc<Worker>) {
         }
         let mut input = handle.hook_in.borrow_mut();
         let before = input.len();
-        if !read_available(fd, &mut input) {
+        // What the loop read ahead from this socket comes before what is still in it.
+        if !crate::net::event_loop::take_read_ahead(fd, &mut input)
+            || !read_available(fd, &mut input)
+        {
             drop(input);
             handle.kill();
             continue;

@@ -265,7 +265,10 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                 .and_then(|s| Rc::try_unwrap(s).ok())
                 .and_then(Stream::into_std);
             match std_stream {
-                Some(std_stream) => {
+                Some((std_stream, ahead)) => {
+                    // Bytes the loop read ahead follow the ones already in the buffer.
+                    let mut rbuf = rbuf;
+                    rbuf.extend_from_slice(&ahead);
                     let moving = Moving {
                         stream: std_stream,
                         rbuf,

@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use crate::shard::mailbox::Mailbox;
 
-pub use reactor::{Interest, Socket};
+pub use reactor::{take_read_ahead, Interest, Socket};
 
 type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
 
@@ -404,6 +404,8 @@ impl EventLoop {
     fn drive(&self, parking: &mut Parking, done: &dyn Fn() -> bool) {
         let mut events: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
         let mut woken = VecDeque::new();
+        let mut to_read = Vec::with_capacity(events.len());
+        let mut reads = Vec::with_capacity(events.len());
         loop {
             // Each task that was ready when the pass began runs once; one woken meanwhile
             // (by a task, or by itself to yield) waits for the next pass, after the
@@ -447,10 +449,12 @@ impl EventLoop {
                     let mut sink = 0u64;
                     // SAFETY: reads 8 bytes into a live u64 (resets the eventfd).
                     unsafe { libc::read(self.eventfd, (&mut sink as *mut u64).cast(), 8) };
-                } else {
-                    reactor::dispatch(token, ev.events);
+                } else if reactor::dispatch(token, ev.events) {
+                    to_read.push(token);
                 }
             }
+            // The sockets found readable are read now, together, before their tasks run.
+            reactor::read_ahead(&mut to_read, &mut reads);
             if self.remote.woken.has_mail() {
                 self.remote.woken.take_into(&mut woken);
                 for key in woken.drain(..) {
