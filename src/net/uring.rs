@@ -6,12 +6,12 @@
 //! about what is sent or read: a connection hands over finished bytes
 //! (`Stream::queue_for_pass`) and this module only sends them, in one `io_uring_enter`
 //! for the whole list, and tells a connection when its socket took less than all; the
-//! reactor hands over buffers to read into (`recv_batch`) and gets the results. Never
+//! reactor hands over buffers to read into (`flush_and_recv`) and gets the results. Never
 //! parses or runs a command.
 //!
 //! Every send and receive carries `MSG_DONTWAIT`, so the kernel completes it inside the
 //! submitting call (done, cut short, or `-EAGAIN`) rather than parking it: once `flush`
-//! or `recv_batch` returns no buffer is in the kernel's hands. Should a completion ever be missing (a kernel that
+//! or `flush_and_recv` returns no buffer is in the kernel's hands. Should a completion ever be missing (a kernel that
 //! parks the send after all), `flush` cancels it and waits for the answer before it lets
 //! go of any buffer, and the thread stops using its ring. If even that fails, the buffer
 //! the kernel may still read is never freed or reused (`ABANDONED`) and its connection is
@@ -142,141 +142,8 @@ pub fn owes_output(fd: i32) -> bool {
 /// Called at the end of each turn of the thread's tasks and wherever waiting would
 /// reorder output. Never re-entered: nothing it calls runs a task.
 pub fn flush() {
-    BATCH.with(|b| {
-        let Ok(mut guard) = b.try_borrow_mut() else {
-            return;
-        };
-        let Some(batch) = guard.as_mut() else {
-            return;
-        };
-        if batch.waiting.is_empty() {
-            return;
-        }
-        let mut waiting = std::mem::take(&mut batch.waiting);
-        let mut healthy = true;
-        for chunk in waiting.chunks(ENTRIES as usize) {
-            if healthy {
-                healthy = send_chunk(&mut batch.ring, chunk);
-            } else {
-                // Never handed to the kernel: the connections send them themselves.
-                for s in chunk {
-                    s.in_batch.set(false);
-                    stall(s);
-                }
-            }
-        }
-        // Dropping the list lets go of connections that closed while their replies
-        // waited: their sockets close now, after the replies.
-        waiting.clear();
-        batch.waiting = waiting;
-        if !healthy {
-            tracing::warn!("io_uring sends stopped working on this thread; replies are written one by one from now on");
-            record_error("io_uring sends failed at run time (see the log)");
-            guard.take();
-            ON.with(|on| on.set(false));
-            THREADS_ON_RING.fetch_sub(1, Ordering::Relaxed);
-        }
-    });
-}
-
-/// Sends one chunk; false if the ring is to be given up (every connection of the chunk
-/// has then been told what became of its bytes).
-fn send_chunk(ring: &mut IoUring, chunk: &[Rc<Stream>]) -> bool {
-    // Which entries went to the kernel, and which have had their answer.
-    let mut pushed = [false; ENTRIES as usize];
-    let mut answered = [false; ENTRIES as usize];
-    let mut expected = 0usize;
-    {
-        let mut sq = ring.submission();
-        for (i, s) in chunk.iter().enumerate() {
-            s.in_batch.set(false);
-            let unsent = s.unsent.borrow();
-            if unsent.is_empty() || s.send_failed.get() {
-                continue;
-            }
-            let entry =
-                opcode::Send::new(types::Fd(s.raw_fd()), unsent.as_ptr(), unsent.len() as u32)
-                    .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-                    .build()
-                    .user_data(i as u64);
-            // SAFETY: the buffer stays alive and unchanged until this entry's completion
-            // is taken below, before this function returns (or, if the kernel never
-            // answers, for ever: `abandon`): nothing else runs meanwhile on this thread,
-            // and the list holds the connection. A chunk never holds more entries than the
-            // ring has slots, and the ring is empty between chunks.
-            if unsafe { sq.push(&entry) }.is_err() {
-                unreachable!("a chunk fits the ring");
-            }
-            pushed[i] = true;
-            expected += 1;
-        }
-    }
-    if expected == 0 {
-        return true;
-    }
-    // Submit. Nothing reached the kernel if this fails, and the ring (with the entries
-    // still in it) is dropped by the caller, so the connections send for themselves.
-    if let Err(e) = enter(ring, 0) {
-        tracing::warn!("io_uring_enter failed: {e}");
-        for s in chunk {
-            stall(s);
-        }
-        return false;
-    }
-    let mut left = expected;
-    for cqe in ring.completion() {
-        let i = cqe.user_data() as usize;
-        answered[i] = true;
-        left -= 1;
-        sent(&chunk[i], cqe.result());
-    }
-    super::count(|c| {
-        c.send_batches += 1;
-        c.batched_sends += expected as u64;
-    });
-    if left == 0 {
-        return true;
-    }
-    // This kernel parked a send instead of completing it in the call: cancel what is
-    // missing, wait for every answer, and stop using the ring.
-    for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
-        let cancel = opcode::AsyncCancel::new(i as u64)
-            .build()
-            .user_data(CANCEL_TAG | i as u64);
-        // SAFETY: a cancellation carries no buffer. Sends the kernel did not take yet
-        // may still fill the queue: submitting makes room (they complete as above).
-        while unsafe { ring.submission().push(&cancel) }.is_err() {
-            if let Err(e) = enter(ring, 0) {
-                tracing::warn!("io_uring_enter failed while cancelling parked sends: {e}");
-                for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
-                    abandon(&chunk[i]);
-                }
-                return false;
-            }
-        }
-    }
-    while left > 0 {
-        if let Err(e) = enter(ring, 1) {
-            tracing::warn!("io_uring_enter failed while cancelling parked sends: {e}");
-            for i in (0..chunk.len()).filter(|&i| pushed[i] && !answered[i]) {
-                abandon(&chunk[i]);
-            }
-            return false;
-        }
-        for cqe in ring.completion() {
-            let tag = cqe.user_data();
-            if tag & CANCEL_TAG != 0 {
-                continue;
-            }
-            let i = tag as usize;
-            if !answered[i] {
-                answered[i] = true;
-                left -= 1;
-                sent(&chunk[i], cqe.result());
-            }
-        }
-    }
-    false
+    // SAFETY: no receives.
+    unsafe { flush_and_recv(&mut []) };
 }
 
 /// One receive of a batch: into `len` bytes at `buf` from socket `fd`. `result` is set
@@ -294,13 +161,14 @@ pub struct Recv {
 /// write into its buffer, which the caller must never free or reuse.
 pub const LEFT_WITH_KERNEL: i32 = i32::MIN;
 
-/// Receives into every buffer of `reads` without waiting, in one `io_uring_enter` per 256.
-/// False, with nothing read, if this thread has no ring.
+/// Sends every waiting connection's replies and receives into every buffer of `reads`,
+/// without waiting: one `io_uring_enter` for up to 256 of them together, sends first.
+/// False, with nothing read or sent, if this thread has no ring.
 ///
 /// # Safety
-/// Each `buf` must be valid for writes of `len` bytes until this returns, and for ever
-/// where the result is `LEFT_WITH_KERNEL`.
-pub unsafe fn recv_batch(reads: &mut [Recv]) -> bool {
+/// Each `buf` of `reads` must be valid for writes of `len` bytes until this returns,
+/// and for ever where the result is `LEFT_WITH_KERNEL`.
+pub unsafe fn flush_and_recv(reads: &mut [Recv]) -> bool {
     BATCH.with(|b| {
         let Ok(mut guard) = b.try_borrow_mut() else {
             return false;
@@ -308,26 +176,43 @@ pub unsafe fn recv_batch(reads: &mut [Recv]) -> bool {
         let Some(batch) = guard.as_mut() else {
             return false;
         };
-        let mut healthy = true;
-        for chunk in reads.chunks_mut(ENTRIES as usize) {
-            if !healthy {
-                // Not read: the results say "would block", and the readers read
-                // themselves (their sockets stay readable).
-                for r in chunk.iter_mut() {
-                    r.result = 0;
-                }
-                continue;
-            }
-            healthy = recv_chunk(&mut batch.ring, chunk);
+        if batch.waiting.is_empty() && reads.is_empty() {
+            return true;
         }
-        if !healthy {
-            tracing::warn!("io_uring receives stopped working on this thread; sockets are read one by one from now on");
-            record_error("io_uring receives failed at run time (see the log)");
-            // Sends still queued go out one by one.
-            for s in std::mem::take(&mut batch.waiting) {
-                s.in_batch.set(false);
-                stall(&s);
+        let mut waiting = std::mem::take(&mut batch.waiting);
+        let mut healthy = true;
+        {
+            let mut sends: &[Rc<Stream>] = &waiting;
+            let mut recvs: &mut [Recv] = reads;
+            while !sends.is_empty() || !recvs.is_empty() {
+                let ns = sends.len().min(ENTRIES as usize);
+                let nr = recvs.len().min(ENTRIES as usize - ns);
+                let (sends_now, sends_later) = sends.split_at(ns);
+                let (recvs_now, recvs_later) = std::mem::take(&mut recvs).split_at_mut(nr);
+                if healthy {
+                    healthy = submit(&mut batch.ring, sends_now, recvs_now);
+                } else {
+                    // Never handed to the kernel: the connections send them themselves,
+                    // and the readers read for themselves.
+                    for s in sends_now {
+                        s.in_batch.set(false);
+                        stall(s);
+                    }
+                    for r in recvs_now.iter_mut() {
+                        r.result = 0;
+                    }
+                }
+                sends = sends_later;
+                recvs = recvs_later;
             }
+        }
+        // Dropping the list lets go of connections that closed while their replies
+        // waited: their sockets close now, after the replies.
+        waiting.clear();
+        batch.waiting = waiting;
+        if !healthy {
+            tracing::warn!("io_uring stopped working on this thread; replies are written and sockets read one by one from now on");
+            record_error("io_uring failed at run time (see the log)");
             guard.take();
             ON.with(|on| on.set(false));
             THREADS_ON_RING.fetch_sub(1, Ordering::Relaxed);
@@ -336,85 +221,167 @@ pub unsafe fn recv_batch(reads: &mut [Recv]) -> bool {
     })
 }
 
-/// Receives one chunk; false if the ring is to be given up.
-fn recv_chunk(ring: &mut IoUring, chunk: &mut [Recv]) -> bool {
-    let mut answered = [false; ENTRIES as usize];
+/// Marks the completions of receives, apart from those of sends (a send's is its index
+/// among the sends).
+const RECV_TAG: u64 = 1 << 62;
+
+/// One `io_uring_enter` for `sends` and `recvs` (together at most the ring's size);
+/// false if the ring is to be given up (every connection and receive has then been told
+/// what became of its bytes).
+fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool {
+    // Which sends went to the kernel.
+    let mut pushed = [false; ENTRIES as usize];
+    let mut expected = 0usize;
     {
         let mut sq = ring.submission();
-        for (i, r) in chunk.iter().enumerate() {
-            let entry = opcode::Recv::new(types::Fd(r.fd), r.buf, r.len)
-                .flags(libc::MSG_DONTWAIT)
-                .build()
-                .user_data(i as u64);
-            // SAFETY: the caller keeps the buffer valid until this returns (or for ever
-            // if it is left with the kernel). The ring is empty between chunks.
+        for (i, s) in sends.iter().enumerate() {
+            s.in_batch.set(false);
+            let unsent = s.unsent.borrow();
+            if unsent.is_empty() || s.send_failed.get() {
+                continue;
+            }
+            let entry =
+                opcode::Send::new(types::Fd(s.raw_fd()), unsent.as_ptr(), unsent.len() as u32)
+                    .flags(libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+                    .build()
+                    .user_data(i as u64);
+            // SAFETY: the buffer stays alive and unchanged until this entry's completion
+            // is taken below, before this function returns (or, if the kernel never
+            // answers, for ever: `abandon`): nothing else runs meanwhile on this thread,
+            // and the list holds the connection. The entries never outnumber the ring's
+            // slots, and the ring is empty between calls.
             if unsafe { sq.push(&entry) }.is_err() {
                 unreachable!("a chunk fits the ring");
             }
+            pushed[i] = true;
+            expected += 1;
+        }
+        for (j, r) in recvs.iter().enumerate() {
+            let entry = opcode::Recv::new(types::Fd(r.fd), r.buf, r.len)
+                .flags(libc::MSG_DONTWAIT)
+                .build()
+                .user_data(RECV_TAG | j as u64);
+            // SAFETY: the caller keeps the buffer valid until this returns (or for ever
+            // if it is left with the kernel).
+            if unsafe { sq.push(&entry) }.is_err() {
+                unreachable!("a chunk fits the ring");
+            }
+            expected += 1;
         }
     }
-    let mut left = chunk.len();
+    if expected == 0 {
+        return true;
+    }
+    // Submit. Nothing reached the kernel if this fails, and the ring (with the entries
+    // still in it) is dropped by the caller, so the connections send and read for
+    // themselves.
     if let Err(e) = enter(ring, 0) {
-        // Nothing reached the kernel: the readers read themselves.
         tracing::warn!("io_uring_enter failed: {e}");
-        for r in chunk.iter_mut() {
+        for s in sends {
+            stall(s);
+        }
+        for r in recvs.iter_mut() {
             r.result = 0;
         }
         return false;
     }
+    let mut answers = Answers {
+        sent: [false; ENTRIES as usize],
+        received: [false; ENTRIES as usize],
+        left: expected,
+    };
     for cqe in ring.completion() {
-        let i = cqe.user_data() as usize;
-        answered[i] = true;
-        left -= 1;
-        chunk[i].result = cqe.result();
+        answers.take(cqe.user_data(), cqe.result(), sends, recvs);
     }
-    if left == 0 {
+    let sends_pushed = pushed.iter().filter(|&&p| p).count();
+    if sends_pushed > 0 {
+        super::count(|c| {
+            c.send_batches += 1;
+            c.batched_sends += sends_pushed as u64;
+        });
+    }
+    if answers.left == 0 {
         return true;
     }
-    // A receive was parked instead of completed in the call: cancel what is missing,
-    // wait for every answer, and stop using the ring.
-    for i in (0..chunk.len()).filter(|&i| !answered[i]) {
-        let cancel = opcode::AsyncCancel::new(i as u64)
+    // This kernel parked an entry instead of completing it in the call: cancel what is
+    // missing, wait for every answer, and stop using the ring.
+    let missing: Vec<u64> = (0..sends.len())
+        .filter(|&i| pushed[i] && !answers.sent[i])
+        .map(|i| i as u64)
+        .chain(
+            (0..recvs.len())
+                .filter(|&j| !answers.received[j])
+                .map(|j| RECV_TAG | j as u64),
+        )
+        .collect();
+    let give_up = |recvs: &mut [Recv], answers: &Answers| {
+        tracing::warn!("io_uring_enter failed while cancelling parked entries");
+        for i in (0..sends.len()).filter(|&i| pushed[i] && !answers.sent[i]) {
+            abandon(&sends[i]);
+        }
+        for (j, r) in recvs.iter_mut().enumerate() {
+            if !answers.received[j] {
+                r.result = LEFT_WITH_KERNEL;
+            }
+        }
+    };
+    for &tag in &missing {
+        let cancel = opcode::AsyncCancel::new(tag)
             .build()
-            .user_data(CANCEL_TAG | i as u64);
-        // SAFETY: a cancellation carries no buffer.
+            .user_data(CANCEL_TAG | tag);
+        // SAFETY: a cancellation carries no buffer. Entries the kernel did not take yet
+        // may still fill the queue: submitting makes room (they complete as above).
         while unsafe { ring.submission().push(&cancel) }.is_err() {
             if enter(ring, 0).is_err() {
-                leave_with_kernel(chunk, &answered);
+                give_up(recvs, &answers);
                 return false;
             }
         }
     }
-    while left > 0 {
+    while answers.left > 0 {
         if enter(ring, 1).is_err() {
-            leave_with_kernel(chunk, &answered);
+            give_up(recvs, &answers);
             return false;
         }
         for cqe in ring.completion() {
-            let tag = cqe.user_data();
-            if tag & CANCEL_TAG != 0 {
-                continue;
-            }
-            let i = tag as usize;
-            if !answered[i] {
-                answered[i] = true;
-                left -= 1;
-                // Cancelled means nothing was read: left to the reader, as a 0 is.
-                chunk[i].result = if cqe.result() == -libc::ECANCELED {
-                    0
-                } else {
-                    cqe.result()
-                };
+            if cqe.user_data() & CANCEL_TAG == 0 {
+                answers.take(cqe.user_data(), cqe.result(), sends, recvs);
             }
         }
     }
     false
 }
 
-fn leave_with_kernel(chunk: &mut [Recv], answered: &[bool]) {
-    tracing::warn!("io_uring_enter failed while cancelling parked receives");
-    for (r, _) in chunk.iter_mut().zip(answered).filter(|(_, a)| !**a) {
-        r.result = LEFT_WITH_KERNEL;
+/// Which entries of one `submit` have had their completion, and how many have not.
+struct Answers {
+    sent: [bool; ENTRIES as usize],
+    received: [bool; ENTRIES as usize],
+    left: usize,
+}
+
+impl Answers {
+    /// Applies one completion to its send or receive (once: a late duplicate is ignored).
+    fn take(&mut self, tag: u64, result: i32, sends: &[Rc<Stream>], recvs: &mut [Recv]) {
+        if tag & RECV_TAG != 0 {
+            let j = (tag & !RECV_TAG) as usize;
+            if !self.received[j] {
+                self.received[j] = true;
+                self.left -= 1;
+                // Cancelled means nothing was read: left to the reader, as a 0 is.
+                recvs[j].result = if result == -libc::ECANCELED {
+                    0
+                } else {
+                    result
+                };
+            }
+        } else {
+            let i = tag as usize;
+            if !self.sent[i] {
+                self.sent[i] = true;
+                self.left -= 1;
+                sent(&sends[i], result);
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! Read-ahead (docs/event-loop.md, "Reads of a pass in one system call"): a plain
 //! connection's socket that an event reports readable is read by the loop itself, with
-//! every other such socket, in one `io_uring_enter` (`uring::recv_batch`), into a buffer
+//! every other such socket, in one `io_uring_enter` (`uring::flush_and_recv`), into a buffer
 //! the slot keeps (`ahead`). Its reader takes those bytes before it reads the socket
 //! again, and so must anything else that reads it (the busy-script hook, through
 //! `take_read_ahead`; a migrating connection, through `Socket::into_std`), so bytes never
@@ -189,7 +189,7 @@ pub(super) fn read_ahead(tokens: &mut Vec<u64>, reads: &mut Vec<crate::net::urin
     // touches until this returns (no task runs meanwhile, and the registrations keep
     // the slots alive). A buffer the kernel kept is reported as `LEFT_WITH_KERNEL` and
     // leaked below.
-    if unsafe { crate::net::uring::recv_batch(reads) } {
+    if unsafe { crate::net::uring::flush_and_recv(reads) } {
         for (&token, read) in tokens.iter().zip(reads.iter()) {
             // SAFETY: as above.
             let slot = unsafe { &*(token as usize as *const IoSlot) };
