@@ -230,7 +230,7 @@ const RECV_TAG: u64 = 1 << 62;
 /// what became of its bytes).
 fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool {
     // Which sends went to the kernel.
-    let mut pushed = [false; ENTRIES as usize];
+    let mut pushed = Bits::default();
     let mut expected = 0usize;
     {
         let mut sq = ring.submission();
@@ -253,7 +253,7 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
             if unsafe { sq.push(&entry) }.is_err() {
                 unreachable!("a chunk fits the ring");
             }
-            pushed[i] = true;
+            pushed.set(i);
             expected += 1;
         }
         for (j, r) in recvs.iter().enumerate() {
@@ -286,14 +286,14 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
         return false;
     }
     let mut answers = Answers {
-        sent: [false; ENTRIES as usize],
-        received: [false; ENTRIES as usize],
+        sent: Bits::default(),
+        received: Bits::default(),
         left: expected,
     };
     for cqe in ring.completion() {
         answers.take(cqe.user_data(), cqe.result(), sends, recvs);
     }
-    let sends_pushed = pushed.iter().filter(|&&p| p).count();
+    let sends_pushed = pushed.count();
     if sends_pushed > 0 {
         super::count(|c| {
             c.send_batches += 1;
@@ -306,21 +306,21 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
     // This kernel parked an entry instead of completing it in the call: cancel what is
     // missing, wait for every answer, and stop using the ring.
     let missing: Vec<u64> = (0..sends.len())
-        .filter(|&i| pushed[i] && !answers.sent[i])
+        .filter(|&i| pushed.has(i) && !answers.sent.has(i))
         .map(|i| i as u64)
         .chain(
             (0..recvs.len())
-                .filter(|&j| !answers.received[j])
+                .filter(|&j| !answers.received.has(j))
                 .map(|j| RECV_TAG | j as u64),
         )
         .collect();
     let give_up = |recvs: &mut [Recv], answers: &Answers| {
         tracing::warn!("io_uring_enter failed while cancelling parked entries");
-        for i in (0..sends.len()).filter(|&i| pushed[i] && !answers.sent[i]) {
+        for i in (0..sends.len()).filter(|&i| pushed.has(i) && !answers.sent.has(i)) {
             abandon(&sends[i]);
         }
         for (j, r) in recvs.iter_mut().enumerate() {
-            if !answers.received[j] {
+            if !answers.received.has(j) {
                 r.result = LEFT_WITH_KERNEL;
             }
         }
@@ -354,9 +354,28 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
 
 /// Which entries of one `submit` have had their completion, and how many have not.
 struct Answers {
-    sent: [bool; ENTRIES as usize],
-    received: [bool; ENTRIES as usize],
+    sent: Bits,
+    received: Bits,
     left: usize,
+}
+
+/// One bit per entry of a submit (a set of booleans is cleared every pass; this is a
+/// quarter of a cache line).
+#[derive(Default)]
+struct Bits([u64; ENTRIES as usize / 64]);
+
+impl Bits {
+    fn set(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+
+    fn has(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn count(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
 }
 
 impl Answers {
@@ -364,8 +383,8 @@ impl Answers {
     fn take(&mut self, tag: u64, result: i32, sends: &[Rc<Stream>], recvs: &mut [Recv]) {
         if tag & RECV_TAG != 0 {
             let j = (tag & !RECV_TAG) as usize;
-            if !self.received[j] {
-                self.received[j] = true;
+            if !self.received.has(j) {
+                self.received.set(j);
                 self.left -= 1;
                 // Cancelled means nothing was read: left to the reader, as a 0 is.
                 recvs[j].result = if result == -libc::ECANCELED {
@@ -376,8 +395,8 @@ impl Answers {
             }
         } else {
             let i = tag as usize;
-            if !self.sent[i] {
-                self.sent[i] = true;
+            if !self.sent.has(i) {
+                self.sent.set(i);
                 self.left -= 1;
                 sent(&sends[i], result);
             }
