@@ -1653,10 +1653,7 @@ async fn wait(
                 }
             }
             _ = sleep => Some(Ended::Timeout),
-            r = stream_io::read_some(stream.as_deref(), &mut sess.stash) => match r {
-                Ok(0) | Err(_) => Some(Ended::ClientGone),
-                Ok(_) => None,
-            },
+            _ = stream_io::gone(stream.as_deref()) => Some(Ended::ClientGone),
         };
         let Some(ended) = ended else {
             continue;

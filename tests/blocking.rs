@@ -1,7 +1,8 @@
 //! Blocking commands against the real binary, at `--threads 1` and `--threads 4`:
 //! exactly-once delivery under contention, first-blocked first-served, timeouts, wake-ups
-//! after MULTI, CLIENT UNBLOCK, disconnects, cross-shard moves, and replies compared with
-//! redis-server where no waiting is involved.
+//! after MULTI, CLIENT UNBLOCK, disconnects, cross-shard moves, replies compared with
+//! redis-server where no waiting is involved, and input sent behind a blocked pop (kept
+//! for after it, and a client leaving after sending it still noticed).
 
 mod common;
 
@@ -578,4 +579,107 @@ fn zset_wakeups_threads1() {
 #[test]
 fn zset_wakeups_threads4() {
     zset_wakeups(4);
+}
+
+/// Commands a client sends while its BLPOP waits run once the pop is served, in order,
+/// and not before: Redis leaves a blocked client's input alone until it is unblocked.
+/// The bytes behind it here span several reads (a 40 KiB value), so they arrive while
+/// the connection waits and are kept for it by the loop.
+fn input_behind_a_blocked_pop(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut admin = s.client();
+    let mut a = s.client();
+    a.set_timeout(Some(Duration::from_secs(20)));
+    let big = "v".repeat(40 * 1024);
+    a.send(&["BLPOP", "behind:list", "0"]);
+    wait_blocked(&mut admin, 1);
+    let mut behind = common::encode_command(&["SET", "behind:x", "1"]);
+    behind.extend_from_slice(&common::encode_command(&["SET", "behind:big", &big]));
+    behind.extend_from_slice(&common::encode_command(&["GET", "behind:x"]));
+    a.send_raw(&behind);
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        admin.cmd(&["GET", "behind:x"]),
+        Resp::NullBulk,
+        "ran before the pop"
+    );
+    assert_eq!(info_int(&mut admin, "blocked_clients"), 1);
+    assert_eq!(
+        admin.cmd(&["LPUSH", "behind:list", "job"]),
+        Resp::Integer(1)
+    );
+    assert_eq!(
+        a.read(),
+        Resp::Array(vec![Resp::bulk("behind:list"), Resp::bulk("job")])
+    );
+    assert_eq!(a.read(), Resp::ok());
+    assert_eq!(a.read(), Resp::ok());
+    assert_eq!(a.read(), Resp::bulk("1"));
+    assert_eq!(
+        a.cmd(&["STRLEN", "behind:big"]),
+        Resp::Integer(big.len() as i64)
+    );
+    // And once more, with the connection still in use.
+    a.send(&["BLPOP", "behind:list", "0"]);
+    wait_blocked(&mut admin, 1);
+    a.send(&["PING"]);
+    assert_eq!(
+        admin.cmd(&["RPUSH", "behind:list", "job2"]),
+        Resp::Integer(1)
+    );
+    assert_eq!(
+        a.read(),
+        Resp::Array(vec![Resp::bulk("behind:list"), Resp::bulk("job2")])
+    );
+    assert_eq!(a.read(), Resp::simple("PONG"));
+}
+
+#[test]
+fn input_behind_a_blocked_pop_threads1() {
+    input_behind_a_blocked_pop(1);
+}
+
+#[test]
+fn input_behind_a_blocked_pop_threads4() {
+    input_behind_a_blocked_pop(4);
+}
+
+/// A client that sends more behind its blocked BLPOP and then leaves is noticed as gone:
+/// it stops being blocked, and a push after that stays in the list.
+fn gone_after_sending_behind_a_blocked_pop(threads: usize) {
+    let s = KiteServer::start(&[], threads);
+    let mut admin = s.client();
+    for round in 0..3 {
+        let mut a = s.client();
+        a.send(&["BLPOP", "gone:list", "0"]);
+        wait_blocked(&mut admin, 1);
+        a.send(&["PING"]);
+        if round == 2 {
+            a.send_raw(&common::encode_command(&[
+                "SET",
+                "gone:big",
+                &"w".repeat(40 * 1024),
+            ]));
+        }
+        thread::sleep(Duration::from_millis(20));
+        drop(a);
+        wait_blocked(&mut admin, 0);
+        assert_eq!(admin.cmd(&["LPUSH", "gone:list", "job"]), Resp::Integer(1));
+        assert_eq!(
+            admin.cmd(&["LLEN", "gone:list"]),
+            Resp::Integer(1),
+            "round {round}"
+        );
+        assert_eq!(admin.cmd(&["DEL", "gone:list"]), Resp::Integer(1));
+    }
+}
+
+#[test]
+fn gone_after_sending_behind_a_blocked_pop_threads1() {
+    gone_after_sending_behind_a_blocked_pop(1);
+}
+
+#[test]
+fn gone_after_sending_behind_a_blocked_pop_threads4() {
+    gone_after_sending_behind_a_blocked_pop(4);
 }

@@ -15,7 +15,9 @@
 //!   call"): the `event-loop` setting and its INFO fields and counters, order across a
 //!   reader that stalls (short sends), small and large groups, pushes, blocking
 //!   commands, QUIT, a busy script's -BUSY, many connections at once, and CLIENT KILL of
-//!   a connection with megabytes unsent. Every one passes with `KITE_EVENT_LOOP=epoll`.
+//!   a connection with megabytes unsent. Every one passes with `KITE_EVENT_LOOP=epoll`;
+//! - a request read ahead in the same pass as an endless script is still answered by the
+//!   busy hook ("Reads of a pass in one system call").
 //!
 //! No timing assertions: every socket has a generous read timeout, so a lost wake-up or
 //! a stall shows as a failed read, and every load loop is bounded by a count.

@@ -89,6 +89,10 @@ pub struct Stream {
     /// Given when the batch left bytes behind (the socket was full) or failed, so the
     /// connection's task sends the rest itself.
     pub stalled: notify::LocalNotify,
+    /// Bytes that came while the connection's task waited on something else (a blocked
+    /// command, WAIT) and watched for the client leaving (`gone`): the next `read_some`
+    /// gives them first.
+    held: RefCell<BytesMut>,
 }
 
 impl Stream {
@@ -110,6 +114,7 @@ impl Stream {
             in_batch: Cell::new(false),
             send_failed: Cell::new(false),
             stalled: Default::default(),
+            held: RefCell::new(BytesMut::new()),
         }
     }
 
@@ -202,14 +207,69 @@ impl Stream {
     pub fn into_std(self) -> Option<(std::net::TcpStream, BytesMut)> {
         // The connection sends what the batch holds before it moves (`conn::serve`).
         debug_assert!(!self.owes_output(), "a migrating connection owes output");
-        if self.tls.is_some() {
+        // A broken read-ahead left a hole in the input: the connection ends here.
+        if self.tls.is_some() || self.tcp.is_broken() {
             return None;
         }
-        Some(self.tcp.into_std())
+        let (tcp, ahead) = self.tcp.into_std();
+        let mut input = self.held.take();
+        input.extend_from_slice(&ahead);
+        Some((tcp, input))
+    }
+
+    /// Bytes held for the connection's input besides its own buffer (read ahead, or held
+    /// by `gone`): part of the connection's memory.
+    pub fn input_capacity(&self) -> usize {
+        self.held.borrow().capacity() + self.tcp.read_ahead_capacity()
+    }
+
+    /// Input read from the client that its task has not taken yet (a busy script's hook
+    /// must not answer this connection before it is taken).
+    pub fn holds_input(&self) -> bool {
+        !self.held.borrow().is_empty()
+    }
+
+    /// Completes when the client has closed the connection or it failed, for a task
+    /// waiting on something else (a blocked command, WAIT) that must notice the client
+    /// leaving. Whatever the client sends meanwhile (commands pipelined behind the
+    /// blocked one) is kept, in order, for the next `read_some`. Dropping the future
+    /// loses nothing: bytes are moved into the stream in the same step they are read.
+    pub async fn gone(&self) {
+        loop {
+            // Wait without a buffer: most waiting clients send nothing until answered.
+            if self.tls.is_none() && self.tcp.readable().await.is_err() {
+                return;
+            }
+            let mut got = BytesMut::new();
+            // Past what is held already: the socket's (or the read-ahead's) next bytes.
+            match self.read_unheld(&mut got).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => self.held.borrow_mut().extend_from_slice(&got),
+            }
+        }
     }
 
     /// Reads what is available (at least one byte, or 0 at end of stream).
     pub async fn read_some(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        {
+            let mut held = self.held.borrow_mut();
+            let n = held.len();
+            if n > 0 {
+                if buf.is_empty() {
+                    std::mem::swap(&mut *held, buf);
+                } else {
+                    buf.extend_from_slice(&held);
+                    held.clear();
+                }
+                return Ok(n);
+            }
+        }
+        self.read_unheld(buf).await
+    }
+
+    /// Reads from the connection itself (the read-ahead, then the socket), leaving what
+    /// `gone` holds where it is.
+    async fn read_unheld(&self, buf: &mut BytesMut) -> io::Result<usize> {
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(16 * 1024);
         }

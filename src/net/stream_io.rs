@@ -1,6 +1,6 @@
 //! Socket reads and writes through a shared `&Stream` (plain or TLS, `net`), so that a
-//! blocked command can watch its own connection for a disconnect while the connection
-//! loop owns the buffers.
+//! blocked command can be told of its client leaving (`gone`) without reading the socket
+//! itself, while the connection loop owns the buffers.
 
 use std::io;
 
@@ -12,6 +12,16 @@ use bytes::BytesMut;
 pub async fn read_some(stream: Option<&Stream>, buf: &mut BytesMut) -> io::Result<usize> {
     match stream {
         Some(s) => s.read_some(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Completes when the client has left (closed or failed); what it sends meanwhile waits
+/// in the stream for the connection's next read. Never, without a socket (the AOF
+/// replay).
+pub async fn gone(stream: Option<&Stream>) {
+    match stream {
+        Some(s) => s.gone().await,
         None => std::future::pending().await,
     }
 }

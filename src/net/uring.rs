@@ -179,6 +179,10 @@ pub unsafe fn flush_and_recv(reads: &mut [Recv]) -> bool {
         if batch.waiting.is_empty() && reads.is_empty() {
             return true;
         }
+        // The loop reads ahead only right after a wait, and sends before every wait, so
+        // no send is queued here. (Were one queued, dropping the list below could free a
+        // socket whose read-ahead the caller has yet to apply.)
+        debug_assert!(reads.is_empty() || batch.waiting.is_empty());
         let mut waiting = std::mem::take(&mut batch.waiting);
         let mut healthy = true;
         {

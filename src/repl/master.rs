@@ -570,11 +570,7 @@ async fn wait_for_acks(
             _ = &mut acked => {}
             _ = crate::net::event_loop::time::sleep(nap) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
-            r = stream_io::read_some(stream.as_deref(), &mut sess.stash) => {
-                if matches!(r, Ok(0) | Err(_)) {
-                    return n;
-                }
-            }
+            _ = stream_io::gone(stream.as_deref()) => return n,
         }
     }
 }

@@ -218,7 +218,6 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         shard_channels: Default::default(),
         patterns: Default::default(),
         stream: Some(Rc::new(stream)),
-        stash: BytesMut::new(),
         flushed_mid_command: 0,
         aof_pending: Vec::new(),
         unflushed_replies: 0,
@@ -443,7 +442,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                 }
             }
         }
-        let mut full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
+        let full = cmds.len() == MAX_GROUP || (!sess.authenticated && !cmds.is_empty());
         // Redis's defence against cross-protocol scripting: a browser tricked into posting
         // to this port sends "POST" and "Host:" lines, which end the connection at once.
         let attack = cmds.iter().position(|c| {
@@ -463,13 +462,6 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             // A deep pipeline's vector is not kept for the connection's life.
             if cmds.capacity() > 64 {
                 cmds = Vec::new();
-            }
-            // Bytes a blocked command read while it waited come after what was parsed.
-            if !sess.stash.is_empty() {
-                rbuf.extend_from_slice(&sess.stash);
-                sess.stash.clear();
-                // Those bytes may hold whole commands: parse them before waiting to read.
-                full = true;
             }
         }
         if attack.is_some() {
@@ -508,7 +500,10 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         sess.handle.memory.set(
             rbuf.capacity()
                 + sess.out.buf.capacity()
-                + sess.stream.as_ref().map_or(0, |s| s.unsent_capacity())
+                + sess
+                    .stream
+                    .as_ref()
+                    .map_or(0, |s| s.unsent_capacity() + s.input_capacity())
                 + sess.push_queued.get()
                 + parser.held_bytes(),
         );
@@ -518,7 +513,10 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         sess.handle.idle_read.set(
             rbuf.is_empty()
                 && !parser.in_progress()
-                && !sess.stream.as_ref().is_some_and(|s| s.is_tls()),
+                && !sess
+                    .stream
+                    .as_ref()
+                    .is_some_and(|s| s.is_tls() || s.holds_input()),
         );
         tokio::select! {
             biased;

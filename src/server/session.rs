@@ -62,8 +62,6 @@ pub struct Session {
     /// The socket, shared so a blocked command can notice the client leaving.
     /// None for the AOF replay at start-up, which has no client.
     pub stream: Option<Rc<crate::net::Stream>>,
-    /// Input read while a command was blocked, parsed once it returns.
-    pub stash: bytes::BytesMut,
     /// Output bytes written to the socket while a command ran (a blocking command sends
     /// the replies before it before it parks).
     pub flushed_mid_command: usize,
@@ -131,7 +129,6 @@ impl Session {
             shard_channels: Vec::new(),
             patterns: Vec::new(),
             stream: None,
-            stash: bytes::BytesMut::new(),
             flushed_mid_command: 0,
             aof_pending: Vec::new(),
             unflushed_replies: 0,

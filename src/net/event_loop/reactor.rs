@@ -112,9 +112,10 @@ impl IoSlot {
         if n == 0 {
             return 0;
         }
-        if buf.is_empty() {
+        if buf.is_empty() && buf.capacity() <= ahead.capacity() {
             // The usual case (the reader parsed all it had): the two buffers change
-            // places, so the bytes are not copied and neither allocation is lost.
+            // places, so the bytes are not copied and neither allocation is lost. (A
+            // reader's larger buffer, reserved for a large request, stays with it.)
             std::mem::swap(&mut *ahead, buf);
         } else {
             buf.extend_from_slice(&ahead);
@@ -205,8 +206,10 @@ pub(super) fn read_ahead(tokens: &mut Vec<u64>, reads: &mut Vec<crate::net::urin
                 slot.broken.set(true);
                 continue;
             }
-            // A short read drained the socket (and -EAGAIN found it empty). The end of
-            // the stream, or an error, is left in the socket for the reader to find.
+            // A short read drained the socket (and -EAGAIN found it empty). At the end of
+            // the stream the reader's own read finds it again; after an error (which the
+            // kernel reports once) it finds the end of the stream, and closes all the
+            // same.
             let drained = (result > 0 && (result as u32) < read.len) || result == -libc::EAGAIN;
             if drained && slot.ready.get() & READ_CLOSED == 0 {
                 slot.ready.set(slot.ready.get() & !READABLE);
@@ -369,6 +372,16 @@ impl Socket {
 
     pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
         self.tcp().peer_addr()
+    }
+
+    /// A read-ahead left a hole in this socket's input (`take_read_ahead_into` fails).
+    pub fn is_broken(&self) -> bool {
+        self.slot.broken.get()
+    }
+
+    /// Bytes of buffer kept for read-ahead.
+    pub fn read_ahead_capacity(&self) -> usize {
+        self.slot.ahead.borrow().capacity()
     }
 
     /// Leaves the loop and gives the socket back (a connection moving to another thread),
