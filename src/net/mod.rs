@@ -465,10 +465,7 @@ impl Write for FdIo {
 /// socket is read only when there are none.
 async fn read_plain(stream: &Socket, buf: &mut BytesMut) -> io::Result<usize> {
     loop {
-        let ahead = stream.take_read_ahead_into(buf)?;
-        if ahead > 0 {
-            return Ok(ahead);
-        }
+        // Ready at once when the loop read bytes ahead (taken just below).
         // The stream's single reader slot, not `readable()`: that one links a waiter into
         // the socket's list under its lock and unlinks it when dropped, on every wait.
         std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await?;
