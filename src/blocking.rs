@@ -1628,6 +1628,12 @@ async fn wait(
     sess.worker.clients.borrow_mut().blocked += 1;
     let deadline = timeout.map(|t| std::time::Instant::now() + t);
     let stream = sess.stream.clone();
+    let max_held = sess
+        .worker
+        .shared
+        .tunables
+        .query_buffer_limit
+        .load(Ordering::Relaxed);
     let result = loop {
         let sleep = async {
             match deadline {
@@ -1653,7 +1659,7 @@ async fn wait(
                 }
             }
             _ = sleep => Some(Ended::Timeout),
-            _ = stream_io::gone(stream.as_deref()) => Some(Ended::ClientGone),
+            _ = stream_io::gone(stream.as_deref(), max_held) => Some(Ended::ClientGone),
         };
         let Some(ended) = ended else {
             continue;

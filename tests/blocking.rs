@@ -683,3 +683,37 @@ fn gone_after_sending_behind_a_blocked_pop_threads1() {
 fn gone_after_sending_behind_a_blocked_pop_threads4() {
     gone_after_sending_behind_a_blocked_pop(4);
 }
+
+/// A blocked client that keeps sending is held to `client-query-buffer-limit` as any
+/// other: past it, the connection is closed (as Redis does), not buffered without end.
+#[test]
+fn input_behind_a_blocked_pop_is_bounded_by_the_query_buffer_limit() {
+    let s = KiteServer::start(&[], 1);
+    let mut admin = s.client();
+    assert_eq!(
+        admin.cmd(&["CONFIG", "SET", "client-query-buffer-limit", "1mb"]),
+        Resp::ok()
+    );
+    let mut a = s.client();
+    a.set_timeout(Some(Duration::from_secs(20)));
+    a.send(&["BLPOP", "bounded:list", "0"]);
+    wait_blocked(&mut admin, 1);
+    // 4 MiB behind the blocked pop, in pieces; the server may close while this writes.
+    let chunk = common::encode_command(&["SET", "bounded:x", &"z".repeat(64 * 1024)]);
+    for _ in 0..64 {
+        if a.try_send_raw(&chunk).is_err() {
+            break;
+        }
+    }
+    // Closed: no longer blocked, and the socket reaches its end.
+    wait_blocked(&mut admin, 0);
+    assert!(
+        a.try_read().is_err(),
+        "the connection should have been closed"
+    );
+    assert_eq!(
+        admin.cmd(&["LPUSH", "bounded:list", "job"]),
+        Resp::Integer(1)
+    );
+    assert_eq!(admin.cmd(&["LLEN", "bounded:list"]), Resp::Integer(1));
+}

@@ -232,10 +232,15 @@ impl Stream {
     /// Completes when the client has closed the connection or it failed, for a task
     /// waiting on something else (a blocked command, WAIT) that must notice the client
     /// leaving. Whatever the client sends meanwhile (commands pipelined behind the
-    /// blocked one) is kept, in order, for the next `read_some`. Dropping the future
-    /// loses nothing: bytes are moved into the stream in the same step they are read.
-    pub async fn gone(&self) {
+    /// blocked one) is kept, in order, for the next `read_some`, up to `max_held` bytes:
+    /// past that the client counts as gone (its query buffer limit), so a client cannot
+    /// make the server buffer without end. Dropping the future loses nothing: bytes are
+    /// moved into the stream in the same step they are read.
+    pub async fn gone(&self, max_held: usize) {
         loop {
+            if self.held.borrow().len() > max_held {
+                return;
+            }
             // Wait without a buffer: most waiting clients send nothing until answered.
             if self.tls.is_none() && self.tcp.readable().await.is_err() {
                 return;

@@ -16,12 +16,12 @@ pub async fn read_some(stream: Option<&Stream>, buf: &mut BytesMut) -> io::Resul
     }
 }
 
-/// Completes when the client has left (closed or failed); what it sends meanwhile waits
-/// in the stream for the connection's next read. Never, without a socket (the AOF
-/// replay).
-pub async fn gone(stream: Option<&Stream>) {
+/// Completes when the client has left (closed or failed) or has sent more than
+/// `max_held` bytes meanwhile; what it sends waits in the stream for the connection's
+/// next read. Never, without a socket (the AOF replay).
+pub async fn gone(stream: Option<&Stream>, max_held: usize) {
     match stream {
-        Some(s) => s.gone().await,
+        Some(s) => s.gone(max_held).await,
         None => std::future::pending().await,
     }
 }

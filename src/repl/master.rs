@@ -553,6 +553,12 @@ async fn wait_for_acks(
     let deadline =
         (timeout_ms > 0).then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms));
     let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
+    let max_held = sess
+        .worker
+        .shared
+        .tunables
+        .query_buffer_limit
+        .load(std::sync::atomic::Ordering::Relaxed);
     loop {
         // Registered before counting, so an ACK between the count and the wait wakes it.
         let acked = shared.repl.acked.notified();
@@ -570,7 +576,7 @@ async fn wait_for_acks(
             _ = &mut acked => {}
             _ = crate::net::event_loop::time::sleep(nap) => {}
             _ = handle.wake.notified() => if handle.killed.get() { return n },
-            _ = stream_io::gone(stream.as_deref()) => return n,
+            _ = stream_io::gone(stream.as_deref(), max_held) => return n,
         }
     }
 }

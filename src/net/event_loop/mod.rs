@@ -645,26 +645,21 @@ mod tests {
     fn a_task_yielding_lets_the_others_run() {
         let log = on_loop(|| async {
             let log = Rc::new(RefCell::new(Vec::new()));
-            let a = {
-                let log = log.clone();
-                spawn_local(async move {
-                    for i in 0..3 {
-                        log.borrow_mut().push(format!("a{i}"));
-                        tokio::task::yield_now().await;
-                    }
+            let tasks: Vec<_> = ["a", "b"]
+                .into_iter()
+                .map(|name| {
+                    let log = log.clone();
+                    spawn_local(async move {
+                        for i in 0..3 {
+                            log.borrow_mut().push(format!("{name}{i}"));
+                            tokio::task::yield_now().await;
+                        }
+                    })
                 })
-            };
-            let b = {
-                let log = log.clone();
-                spawn_local(async move {
-                    for i in 0..3 {
-                        log.borrow_mut().push(format!("b{i}"));
-                        tokio::task::yield_now().await;
-                    }
-                })
-            };
-            a.await.expect("a");
-            b.await.expect("b");
+                .collect();
+            for t in tasks {
+                t.await.expect("task");
+            }
             let v = log.borrow().clone();
             v
         });
