@@ -207,11 +207,11 @@ impl Stream {
     pub fn into_std(self) -> Option<(std::net::TcpStream, BytesMut)> {
         // The connection sends what the batch holds before it moves (`conn::serve`).
         debug_assert!(!self.owes_output(), "a migrating connection owes output");
-        // A broken read-ahead left a hole in the input: the connection ends here.
+        // A broken read left a hole in the input: the connection ends here.
         if self.tls.is_some() || self.tcp.is_broken() {
             return None;
         }
-        let (tcp, ahead) = self.tcp.into_std();
+        let (tcp, ahead) = self.tcp.into_std()?;
         let mut input = self.held.take();
         input.extend_from_slice(&ahead);
         Some((tcp, input))

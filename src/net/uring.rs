@@ -1,43 +1,60 @@
-//! The thread's io_uring ring, used to send the replies of a pass with one system call
-//! (docs/event-loop.md, "Replies of one pass in one system call"), and to read the
-//! sockets a wait found readable with one more ("Reads of a pass in one system call").
+//! The thread's io_uring ring: it sends the replies of a pass with one system call
+//! (docs/event-loop.md, "Replies of one pass in one system call"), and, where it can, it
+//! is also what the thread waits on: the pass's one `io_uring_enter` submits the sends
+//! and the receives the readers asked for, and waits for the next completion or timer
+//! ("Reads and the wait through io_uring").
 //!
 //! Owns the ring and the list of connections whose replies wait in it. Decides nothing
 //! about what is sent or read: a connection hands over finished bytes
 //! (`Stream::queue_for_pass`) and this module only sends them, in one `io_uring_enter`
 //! for the whole list, and tells a connection when its socket took less than all; the
-//! reactor hands over buffers to read into (`flush_and_recv`) and gets the results. Never
-//! parses or runs a command.
+//! reactor hands over the receives to arm (`reactor::receives_to_arm`) and gets their
+//! completions (`reactor::received`). Never parses or runs a command.
 //!
-//! Every send and receive carries `MSG_DONTWAIT`, so the kernel completes it inside the
-//! submitting call (done, cut short, or `-EAGAIN`) rather than parking it: once `flush`
-//! or `flush_and_recv` returns no buffer is in the kernel's hands. Should a completion ever be missing (a kernel that
-//! parks the send after all), `flush` cancels it and waits for the answer before it lets
-//! go of any buffer, and the thread stops using its ring. If even that fails, the buffer
-//! the kernel may still read is never freed or reused (`ABANDONED`) and its connection is
-//! closed: memory stays safe and the lost replies are not silent.
+//! Every send carries `MSG_DONTWAIT`, so the kernel completes it inside the submitting
+//! call (done, cut short, or `-EAGAIN`) rather than parking it: once `flush` or `pass`
+//! returns no reply's buffer is in the kernel's hands. Should a completion ever be
+//! missing (a kernel that parks the send after all), the send is cancelled and waited
+//! for before any buffer is let go, and the thread stops using its ring. If even that
+//! fails, the buffer the kernel may still read is never freed or reused (`ABANDONED`)
+//! and its connection is closed: memory stays safe and the lost replies are not silent.
+//! Receives are armed (the kernel completes them when bytes come) into buffers their
+//! slots keep until the completion; a ring given up cancels them first.
 
 use std::cell::{Cell, RefCell};
+use std::os::fd::RawFd;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use std::sync::Mutex;
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{cqueue, opcode, types, IoUring};
 
+use super::event_loop::reactor;
 use super::Stream;
 
 /// Replies larger than this are written at once by their connection: batching saves a
 /// system call, which a large write amortises anyway.
 pub const MAX_QUEUED: usize = 64 * 1024;
 
-/// Submission slots; a longer list is sent in chunks of this size.
+/// Sends per `io_uring_enter`; a longer list is sent in chunks of this size.
 const ENTRIES: u32 = 256;
+
+/// Submission slots: a chunk of sends, and as many receives and watches beside it.
+const RING_ENTRIES: u32 = 2 * ENTRIES;
+
+/// Completion slots: armed receives may all complete in one wait. More are kept by the
+/// kernel (`IORING_FEAT_NODROP`) and taken by a further enter.
+const COMPLETION_ENTRIES: u32 = 4096;
 
 /// How many times a failing `io_uring_enter` is retried before the thread gives up its
 /// ring and writes replies itself.
 const ENTER_RETRIES: usize = 16;
+
+/// `IORING_ENTER_GETEVENTS`: run the ring's deferred work (receives whose bytes came),
+/// and wait if asked to.
+const GETEVENTS: u32 = 1;
 
 struct Batch {
     ring: IoUring,
@@ -48,6 +65,11 @@ struct Batch {
 thread_local! {
     static BATCH: RefCell<Option<Batch>> = const { RefCell::new(None) };
     static ON: Cell<bool> = const { Cell::new(false) };
+    /// The ring is what the thread waits on (and reads plain sockets with): the
+    /// thread's epoll and eventfd, watched by multishot polls.
+    static WAITS: Cell<Option<Watched>> = const { Cell::new(None) };
+    /// The epoll's watch has fired since the loop last looked: `epoll_wait(0)` is due.
+    static EPOLL_DUE: Cell<bool> = const { Cell::new(false) };
     /// Connections whose last batched send was cut short: they send the rest themselves.
     /// Kept apart from the ring (it outlives a ring given up) so a busy script's hook can
     /// tell they are owed output (`owes_output`).
@@ -57,13 +79,27 @@ thread_local! {
     static ABANDONED: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Marks the completions of cancellations, apart from those of sends (a send's is its
-/// index in the chunk).
-const CANCEL_TAG: u64 = 1 << 63;
+/// The descriptors a waiting ring watches, and whether each watch is armed.
+#[derive(Clone, Copy)]
+struct Watched {
+    epoll: RawFd,
+    eventfd: RawFd,
+    epoll_armed: bool,
+    eventfd_armed: bool,
+}
 
-/// Threads whose replies go through a ring, and why the last one that could not set one
-/// up, or gave one up, did so (INFO server).
+/// Marks completions the loop ignores (cancellations' own answers).
+const CANCEL_TAG: u64 = 1 << 63;
+/// Marks a receive's completion; the rest is the reactor's token for its socket.
+const RECEIVE_TAG: u64 = 1 << 62;
+/// Marks a watch's completion: the epoll's, or (with `EVENTFD_WATCH`) the eventfd's.
+const WATCH_TAG: u64 = 1 << 61;
+const EVENTFD_WATCH: u64 = 1;
+
+/// Threads whose replies go through a ring, threads that wait on one, and why the last
+/// one that could not set one up, or gave one up, did so (INFO server).
 static THREADS_ON_RING: AtomicUsize = AtomicUsize::new(0);
+static THREADS_WAITING: AtomicUsize = AtomicUsize::new(0);
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 fn record_error(msg: &str) {
@@ -79,7 +115,8 @@ pub fn start_thread(wanted: bool) -> Result<bool, String> {
     let ring = IoUring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
-        .build(ENTRIES);
+        .setup_cqsize(COMPLETION_ENTRIES)
+        .build(RING_ENTRIES);
     match ring {
         Ok(ring) => {
             BATCH.with(|b| {
@@ -100,11 +137,54 @@ pub fn start_thread(wanted: bool) -> Result<bool, String> {
     }
 }
 
-/// What INFO server reports: how replies are sent, and why not through a ring if not.
-pub fn describe() -> (&'static str, String) {
+/// Makes the thread's ring what its loop waits on, watching `epoll` and `eventfd` (the
+/// loop's), and the way its plain sockets are read. False, with nothing changed, if the
+/// thread has no ring or the kernel lacks what the wait needs (a timeout on the wait,
+/// `IORING_FEAT_EXT_ARG`, or non-dropping completions).
+pub fn wait_on_ring(epoll: RawFd, eventfd: RawFd) -> bool {
+    let able = BATCH.with(|b| {
+        b.borrow().as_ref().is_some_and(|batch| {
+            let p = batch.ring.params();
+            p.is_feature_ext_arg() && p.is_feature_nodrop()
+        })
+    });
+    if !able {
+        if enabled() {
+            record_error(
+                "this kernel's io_uring cannot wait with a timeout; the loop waits on epoll",
+            );
+        }
+        return false;
+    }
+    WAITS.with(|w| {
+        w.set(Some(Watched {
+            epoll,
+            eventfd,
+            epoll_armed: false,
+            eventfd_armed: false,
+        }))
+    });
+    reactor::read_through_ring(true);
+    THREADS_WAITING.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// Whether this thread's loop waits on its ring (it may give the ring up at run time).
+pub fn waits() -> bool {
+    WAITS.with(|w| w.get().is_some())
+}
+
+/// What INFO server reports: what the threads wait on (`multiplexing_api`), how replies
+/// are sent, and why not through a ring if not.
+pub fn describe() -> (&'static str, &'static str, String) {
+    let waiting = THREADS_WAITING.load(Ordering::Relaxed) > 0;
     let on = THREADS_ON_RING.load(Ordering::Relaxed) > 0;
     let err = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    (if on { "io_uring" } else { "write" }, err)
+    (
+        if waiting { "io_uring" } else { "epoll" },
+        if on { "io_uring" } else { "write" },
+        err,
+    )
 }
 
 /// Whether this thread sends replies through its ring.
@@ -138,76 +218,108 @@ pub fn owes_output(fd: i32) -> bool {
     })
 }
 
-/// Sends every waiting connection's replies: one `io_uring_enter` per 256 connections.
-/// Called at the end of each turn of the thread's tasks and wherever waiting would
-/// reorder output. Never re-entered: nothing it calls runs a task.
+/// How a submission waits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Submits only.
+    No,
+    /// Also takes the completions that are ready (receives whose bytes came), without
+    /// waiting.
+    Look,
+    /// Waits for one completion beyond the sends, or this many milliseconds (-1: no
+    /// limit).
+    For(i32),
+}
+
+/// Sends every waiting connection's replies, and arms the receives asked for: one
+/// `io_uring_enter` per 256 connections. Called wherever waiting would reorder output.
+/// Never re-entered: nothing it calls runs a task.
 pub fn flush() {
-    // SAFETY: no receives.
-    unsafe { flush_and_recv(&mut []) };
+    run(Wait::No);
 }
 
-/// One receive of a batch: into `len` bytes at `buf` from socket `fd`. `result` is set
-/// to the bytes received, a negative errno, `LEFT_WITH_KERNEL`, or 0: nothing read (the
-/// end of the stream, or a receive never tried), which the socket's reader finds out by
-/// reading itself.
-pub struct Recv {
-    pub fd: i32,
-    pub buf: *mut u8,
-    pub len: u32,
-    pub result: i32,
+/// Like `flush`, and takes the receives that have completed (the busy-script hook, which
+/// must see bytes that came for connections the loop reads).
+pub fn look() {
+    run(Wait::Look);
 }
 
-/// A receive the kernel did not complete and could not be made to give up: it may still
-/// write into its buffer, which the caller must never free or reuse.
-pub const LEFT_WITH_KERNEL: i32 = i32::MIN;
+/// The pass's one `io_uring_enter` on a thread whose loop waits on its ring: sends the
+/// pass's replies, arms the receives asked for, and waits for the next completion, at
+/// most `timeout_ms` (-1: no limit; 0: does not wait). True when the epoll has events
+/// (`epoll_wait(0)` is due).
+pub fn pass(timeout_ms: i32) -> bool {
+    run(if timeout_ms == 0 {
+        Wait::Look
+    } else {
+        Wait::For(timeout_ms)
+    });
+    EPOLL_DUE.with(|d| d.replace(false))
+}
 
-/// Sends every waiting connection's replies and receives into every buffer of `reads`,
-/// without waiting: one `io_uring_enter` for up to 256 of them together, sends first.
-/// False, with nothing read or sent, if this thread has no ring.
-///
-/// # Safety
-/// Each `buf` of `reads` must be valid for writes of `len` bytes until this returns,
-/// and for ever where the result is `LEFT_WITH_KERNEL`.
-pub unsafe fn flush_and_recv(reads: &mut [Recv]) -> bool {
+/// Cancels the receive armed on a socket that is leaving the thread (`token`'s), and
+/// takes its completion, so no ring but this one has ever read the socket once it goes.
+/// The socket's slot says whether that worked (it is no longer armed).
+pub(crate) fn cancel_receive_now(token: reactor::Token) {
     BATCH.with(|b| {
         let Ok(mut guard) = b.try_borrow_mut() else {
-            return false;
+            return;
         };
         let Some(batch) = guard.as_mut() else {
-            return false;
+            return;
         };
-        if batch.waiting.is_empty() && reads.is_empty() {
-            return true;
+        let cancel = opcode::AsyncCancel::new(RECEIVE_TAG | token)
+            .build()
+            .user_data(CANCEL_TAG);
+        // SAFETY: a cancellation carries no buffer; the queue is empty between calls.
+        if unsafe { batch.ring.submission().push(&cancel) }.is_err() {
+            return;
         }
-        // The loop reads ahead only right after a wait, and sends before every wait, so
-        // no send is queued here. (Were one queued, dropping the list below could free a
-        // socket whose read-ahead the caller has yet to apply.)
-        debug_assert!(reads.is_empty() || batch.waiting.is_empty());
+        for _ in 0..ENTER_RETRIES {
+            if enter(&mut batch.ring, Wait::For(-1), 1).is_err() {
+                return;
+            }
+            reap(&mut batch.ring, &[], None);
+            if !reactor::is_armed(token) {
+                return;
+            }
+        }
+    });
+}
+
+fn run(wait: Wait) {
+    BATCH.with(|b| {
+        let Ok(mut guard) = b.try_borrow_mut() else {
+            return;
+        };
+        let Some(batch) = guard.as_mut() else {
+            return;
+        };
+        let waits = waits();
+        if batch.waiting.is_empty() && wait == Wait::No && !reactor::receives_asked() {
+            return;
+        }
         let mut waiting = std::mem::take(&mut batch.waiting);
-        let mut healthy = true;
+        let mut healthy = !waits || arm(&mut batch.ring);
         {
             let mut sends: &[Rc<Stream>] = &waiting;
-            let mut recvs: &mut [Recv] = reads;
-            while !sends.is_empty() || !recvs.is_empty() {
-                let ns = sends.len().min(ENTRIES as usize);
-                let nr = recvs.len().min(ENTRIES as usize - ns);
-                let (sends_now, sends_later) = sends.split_at(ns);
-                let (recvs_now, recvs_later) = std::mem::take(&mut recvs).split_at_mut(nr);
+            loop {
+                let n = sends.len().min(ENTRIES as usize);
+                let (now, later) = sends.split_at(n);
+                let this_wait = if later.is_empty() { wait } else { Wait::No };
                 if healthy {
-                    healthy = submit(&mut batch.ring, sends_now, recvs_now);
+                    healthy = submit(&mut batch.ring, now, this_wait);
                 } else {
-                    // Never handed to the kernel: the connections send them themselves,
-                    // and the readers read for themselves.
-                    for s in sends_now {
+                    // Never handed to the kernel: the connections send them themselves.
+                    for s in now {
                         s.in_batch.set(false);
                         stall(s);
                     }
-                    for r in recvs_now.iter_mut() {
-                        r.result = 0;
-                    }
                 }
-                sends = sends_later;
-                recvs = recvs_later;
+                sends = later;
+                if sends.is_empty() {
+                    break;
+                }
             }
         }
         // Dropping the list lets go of connections that closed while their replies
@@ -215,24 +327,121 @@ pub unsafe fn flush_and_recv(reads: &mut [Recv]) -> bool {
         waiting.clear();
         batch.waiting = waiting;
         if !healthy {
-            tracing::warn!("io_uring stopped working on this thread; replies are written and sockets read one by one from now on");
-            record_error("io_uring failed at run time (see the log)");
-            guard.take();
-            ON.with(|on| on.set(false));
-            THREADS_ON_RING.fetch_sub(1, Ordering::Relaxed);
+            give_up(&mut guard);
         }
-        true
     })
 }
 
-/// Marks the completions of receives, apart from those of sends (a send's is its index
-/// among the sends).
-const RECV_TAG: u64 = 1 << 62;
+/// Queues the watches that are not armed and the receives readers asked for, entering
+/// the ring whenever a chunk of sends would no longer fit beside them. False if the ring
+/// failed.
+fn arm(ring: &mut IoUring) -> bool {
+    let mut healthy = true;
+    WAITS.with(|w| {
+        let Some(mut watched) = w.get() else {
+            return;
+        };
+        let mut sq = ring.submission();
+        if !watched.epoll_armed {
+            let entry = opcode::PollAdd::new(types::Fd(watched.epoll), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(WATCH_TAG);
+            // SAFETY: a poll carries no buffer; the queue has room (it is empty here).
+            if unsafe { sq.push(&entry) }.is_ok() {
+                watched.epoll_armed = true;
+                // Events may have come while nothing watched: look once.
+                EPOLL_DUE.with(|d| d.set(true));
+            }
+        }
+        if !watched.eventfd_armed {
+            let entry = opcode::PollAdd::new(types::Fd(watched.eventfd), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(WATCH_TAG | EVENTFD_WATCH);
+            // SAFETY: as above.
+            if unsafe { sq.push(&entry) }.is_ok() {
+                watched.eventfd_armed = true;
+            }
+        }
+        w.set(Some(watched));
+    });
+    let armed = reactor::receives_to_arm(&mut |entry, token| {
+        if !healthy {
+            // The ring failed on an earlier chunk: this receive never reaches it.
+            reactor::received(token, -libc::ECANCELED);
+            return;
+        }
+        if ring.submission().len() >= (RING_ENTRIES - ENTRIES) as usize {
+            healthy = enter(ring, Wait::No, 0).is_ok();
+            reap(ring, &[], None);
+        }
+        let entry = entry.user_data(RECEIVE_TAG | token);
+        // SAFETY: the reactor keeps the receive's buffer untouched until its completion
+        // (`received`), which the ring gives even if cancelled, and for ever if a ring
+        // that failed never gives it (`reactor::leave_ring`). There is room: see above.
+        if !healthy || unsafe { ring.submission().push(&entry) }.is_err() {
+            healthy = false;
+            reactor::received(token, -libc::ECANCELED);
+        }
+    });
+    if armed > 0 {
+        super::count(|c| c.read_ahead_batches += 1);
+    }
+    healthy
+}
 
-/// One `io_uring_enter` for `sends` and `recvs` (together at most the ring's size);
-/// false if the ring is to be given up (every connection and receive has then been told
-/// what became of its bytes).
-fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool {
+/// Takes every completion ready: a send's goes to `answers` (its index among `sends`),
+/// a receive's to the reactor, a watch's sets what the loop must look at.
+fn reap(ring: &mut IoUring, sends: &[Rc<Stream>], mut answers: Option<&mut Answers>) {
+    loop {
+        for cqe in ring.completion() {
+            let tag = cqe.user_data();
+            let result = cqe.result();
+            if tag & CANCEL_TAG != 0 {
+                continue;
+            }
+            if tag & RECEIVE_TAG != 0 {
+                reactor::received(tag & !RECEIVE_TAG, result);
+            } else if tag & WATCH_TAG != 0 {
+                watched(tag, result, cqueue::more(cqe.flags()));
+            } else if let Some(answers) = answers.as_deref_mut() {
+                answers.take(tag, result, sends);
+            }
+        }
+        // Completions the queue had no room for wait in the kernel: one more enter
+        // brings them.
+        if !ring.submission().cq_overflow() || enter(ring, Wait::Look, 0).is_err() {
+            return;
+        }
+    }
+}
+
+/// A watch fired (or ended: it is armed again on the next pass).
+fn watched(tag: u64, result: i32, more: bool) {
+    WAITS.with(|w| {
+        let Some(mut watched) = w.get() else {
+            return;
+        };
+        if tag & EVENTFD_WATCH != 0 {
+            if result > 0 {
+                let mut sink = 0u64;
+                // SAFETY: reads 8 bytes into a live u64 (resets the eventfd).
+                unsafe { libc::read(watched.eventfd, (&mut sink as *mut u64).cast(), 8) };
+            }
+            watched.eventfd_armed &= more;
+        } else {
+            EPOLL_DUE.with(|d| d.set(true));
+            watched.epoll_armed &= more;
+        }
+        w.set(Some(watched));
+    });
+}
+
+/// One `io_uring_enter` for `sends` (at most the ring's chunk) and whatever else is
+/// queued, waiting as `wait` says; false if the ring is to be given up (every
+/// connection has then been told what became of its bytes).
+fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], wait: Wait) -> bool {
     // Which sends went to the kernel.
     let mut pushed = Bits::default();
     let mut expected = 0usize;
@@ -252,51 +461,33 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
             // SAFETY: the buffer stays alive and unchanged until this entry's completion
             // is taken below, before this function returns (or, if the kernel never
             // answers, for ever: `abandon`): nothing else runs meanwhile on this thread,
-            // and the list holds the connection. The entries never outnumber the ring's
-            // slots, and the ring is empty between calls.
+            // and the list holds the connection. A chunk of sends always fits beside
+            // what `arm` queued.
             if unsafe { sq.push(&entry) }.is_err() {
                 unreachable!("a chunk fits the ring");
             }
             pushed.set(i);
             expected += 1;
         }
-        for (j, r) in recvs.iter().enumerate() {
-            let entry = opcode::Recv::new(types::Fd(r.fd), r.buf, r.len)
-                .flags(libc::MSG_DONTWAIT)
-                .build()
-                .user_data(RECV_TAG | j as u64);
-            // SAFETY: the caller keeps the buffer valid until this returns (or for ever
-            // if it is left with the kernel).
-            if unsafe { sq.push(&entry) }.is_err() {
-                unreachable!("a chunk fits the ring");
-            }
-            expected += 1;
-        }
     }
-    if expected == 0 {
+    if wait == Wait::No && ring.submission().is_empty() {
         return true;
     }
-    // Submit. Nothing reached the kernel if this fails, and the ring (with the entries
-    // still in it) is dropped by the caller, so the connections send and read for
+    // Submit (and wait). Nothing reached the kernel if this fails, and the ring (with
+    // the entries still in it) is dropped by the caller, so the connections send for
     // themselves.
-    if let Err(e) = enter(ring, 0) {
+    if let Err(e) = enter(ring, wait, expected) {
         tracing::warn!("io_uring_enter failed: {e}");
         for s in sends {
             stall(s);
-        }
-        for r in recvs.iter_mut() {
-            r.result = 0;
         }
         return false;
     }
     let mut answers = Answers {
         sent: Bits::default(),
-        received: Bits::default(),
         left: expected,
     };
-    for cqe in ring.completion() {
-        answers.take(cqe.user_data(), cqe.result(), sends, recvs);
-    }
+    reap(ring, sends, Some(&mut answers));
     let sends_pushed = pushed.count();
     if sends_pushed > 0 {
         super::count(|c| {
@@ -307,26 +498,16 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
     if answers.left == 0 {
         return true;
     }
-    // This kernel parked an entry instead of completing it in the call: cancel what is
+    // This kernel parked a send instead of completing it in the call: cancel what is
     // missing, wait for every answer, and stop using the ring.
     let missing: Vec<u64> = (0..sends.len())
         .filter(|&i| pushed.has(i) && !answers.sent.has(i))
         .map(|i| i as u64)
-        .chain(
-            (0..recvs.len())
-                .filter(|&j| !answers.received.has(j))
-                .map(|j| RECV_TAG | j as u64),
-        )
         .collect();
-    let give_up = |recvs: &mut [Recv], answers: &Answers| {
-        tracing::warn!("io_uring_enter failed while cancelling parked entries");
+    let give_up = |answers: &Answers| {
+        tracing::warn!("io_uring_enter failed while cancelling parked sends");
         for i in (0..sends.len()).filter(|&i| pushed.has(i) && !answers.sent.has(i)) {
             abandon(&sends[i]);
-        }
-        for (j, r) in recvs.iter_mut().enumerate() {
-            if !answers.received.has(j) {
-                r.result = LEFT_WITH_KERNEL;
-            }
         }
     };
     for &tag in &missing {
@@ -336,30 +517,25 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], recvs: &mut [Recv]) -> bool 
         // SAFETY: a cancellation carries no buffer. Entries the kernel did not take yet
         // may still fill the queue: submitting makes room (they complete as above).
         while unsafe { ring.submission().push(&cancel) }.is_err() {
-            if enter(ring, 0).is_err() {
-                give_up(recvs, &answers);
+            if enter(ring, Wait::No, 0).is_err() {
+                give_up(&answers);
                 return false;
             }
         }
     }
     while answers.left > 0 {
-        if enter(ring, 1).is_err() {
-            give_up(recvs, &answers);
+        if enter(ring, Wait::For(-1), 1).is_err() {
+            give_up(&answers);
             return false;
         }
-        for cqe in ring.completion() {
-            if cqe.user_data() & CANCEL_TAG == 0 {
-                answers.take(cqe.user_data(), cqe.result(), sends, recvs);
-            }
-        }
+        reap(ring, sends, Some(&mut answers));
     }
     false
 }
 
-/// Which entries of one `submit` have had their completion, and how many have not.
+/// Which sends of one `submit` have had their completion, and how many have not.
 struct Answers {
     sent: Bits,
-    received: Bits,
     left: usize,
 }
 
@@ -383,49 +559,114 @@ impl Bits {
 }
 
 impl Answers {
-    /// Applies one completion to its send or receive (once: a late duplicate is ignored).
-    fn take(&mut self, tag: u64, result: i32, sends: &[Rc<Stream>], recvs: &mut [Recv]) {
-        if tag & RECV_TAG != 0 {
-            let j = (tag & !RECV_TAG) as usize;
-            if !self.received.has(j) {
-                self.received.set(j);
-                self.left -= 1;
-                // Cancelled means nothing was read: left to the reader, as a 0 is.
-                recvs[j].result = if result == -libc::ECANCELED {
-                    0
-                } else {
-                    result
-                };
-            }
-        } else {
-            let i = tag as usize;
-            if !self.sent.has(i) {
-                self.sent.set(i);
-                self.left -= 1;
-                sent(&sends[i], result);
-            }
+    /// Applies one completion to its send (once: a late duplicate is ignored).
+    fn take(&mut self, tag: u64, result: i32, sends: &[Rc<Stream>]) {
+        let i = tag as usize;
+        if i < sends.len() && !self.sent.has(i) {
+            self.sent.set(i);
+            self.left -= 1;
+            sent(&sends[i], result);
         }
     }
 }
 
-/// `io_uring_enter` submitting what is queued and waiting for `want` completions,
-/// retrying the errors that mean "try again".
-fn enter(ring: &IoUring, want: usize) -> std::io::Result<usize> {
+/// `io_uring_enter` submitting what is queued and waiting as `wait` says, `sends` being
+/// the completions that come inside the call before the wait starts; retries the errors
+/// that mean "try again". A wait that ends by its timeout or a signal is not an error.
+fn enter(ring: &mut IoUring, wait: Wait, sends: usize) -> std::io::Result<()> {
     let mut tries = 0;
     loop {
-        match ring.submit_and_wait(want) {
+        let queued = ring.submission().len();
+        let result = match wait {
+            Wait::No => ring.submit().map(|_| ()),
+            // SAFETY: no argument is passed, so none is read.
+            Wait::Look => unsafe {
+                ring.submitter()
+                    .enter::<libc::sigset_t>(queued as u32, 0, GETEVENTS, None)
+                    .map(|_| ())
+            },
+            Wait::For(ms) if ms < 0 => ring.submit_and_wait(sends + 1).map(|_| ()),
+            Wait::For(ms) => {
+                let ts = types::Timespec::new()
+                    .sec(ms as u64 / 1000)
+                    .nsec((ms as u32 % 1000) * 1_000_000);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                ring.submitter()
+                    .submit_with_args(sends + 1, &args)
+                    .map(|_| ())
+            }
+        };
+        match result {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME) | Some(libc::EINTR)) => {
+                // The wait ended; what was queued was taken unless the queue says not.
+                if ring.submission().is_empty() {
+                    return Ok(());
+                }
+                tries += 1;
+            }
             Err(e)
                 if tries < ENTER_RETRIES
-                    && matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                    ) =>
+                    && matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY)) =>
             {
                 tries += 1;
             }
-            other => return other,
+            Err(e) => return Err(e),
+            Ok(()) => return Ok(()),
+        }
+        if tries > ENTER_RETRIES {
+            return Err(std::io::Error::other(
+                "io_uring_enter kept being interrupted",
+            ));
         }
     }
+}
+
+/// The ring failed (or parked a send): every receive armed in it is cancelled where the
+/// ring still answers, the thread's sockets go back to epoll, its eventfd back into the
+/// epoll, and the ring is dropped.
+fn give_up(guard: &mut std::cell::RefMut<'_, Option<Batch>>) {
+    tracing::warn!("io_uring stopped working on this thread; it waits on epoll, and writes and reads sockets one by one from now on");
+    record_error("io_uring failed at run time (see the log)");
+    if let Some(batch) = guard.as_mut() {
+        let armed = reactor::armed_receives();
+        let mut cancelled = true;
+        for token in &armed {
+            let cancel = opcode::AsyncCancel::new(RECEIVE_TAG | token)
+                .build()
+                .user_data(CANCEL_TAG);
+            // SAFETY: a cancellation carries no buffer.
+            while unsafe { batch.ring.submission().push(&cancel) }.is_err() {
+                if enter(&mut batch.ring, Wait::No, 0).is_err() {
+                    cancelled = false;
+                    break;
+                }
+                reap(&mut batch.ring, &[], None);
+            }
+        }
+        for _ in 0..ENTER_RETRIES {
+            if !cancelled || reactor::armed_receives().is_empty() {
+                break;
+            }
+            if enter(&mut batch.ring, Wait::For(-1), 1).is_err() {
+                break;
+            }
+            reap(&mut batch.ring, &[], None);
+        }
+    }
+    // What is still armed keeps its buffer for ever and breaks its connection.
+    reactor::leave_ring();
+    if let Some(watched) = WAITS.with(|w| w.take()) {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: reactor::EVENTFD_TOKEN,
+        };
+        // SAFETY: both descriptors are the loop's, open for the thread's life.
+        unsafe { libc::epoll_ctl(watched.epoll, libc::EPOLL_CTL_ADD, watched.eventfd, &mut ev) };
+        THREADS_WAITING.fetch_sub(1, Ordering::Relaxed);
+    }
+    guard.take();
+    ON.with(|on| on.set(false));
+    THREADS_ON_RING.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// Applies one send's result to its connection.

@@ -46,8 +46,9 @@ pub fn serve(worker: &Rc<Worker>) {
         return;
     }
     LAST_SERVED.with(|l| l.set(Some(now)));
-    // Replies made before the script started go before any -BUSY.
-    crate::net::uring::flush();
+    // Replies made before the script started go before any -BUSY; bytes the loop's
+    // receives took since the last look are handed to their sockets.
+    crate::net::uring::look();
     let shared = &worker.shared;
     let arrived = std::mem::take(
         &mut *shared.inbox[worker.id]
@@ -92,10 +93,14 @@ pub fn serve(worker: &Rc<Worker>) {
         }
         let mut input = handle.hook_in.borrow_mut();
         let before = input.len();
-        // What the loop read ahead from this socket comes before what is still in it.
-        if !crate::net::event_loop::take_read_ahead(fd, &mut input)
-            || !read_available(fd, &mut input)
-        {
+        // What the loop read from this socket comes before what is still in it, and a
+        // socket the loop's receive is armed on is read only by that receive.
+        let alive = match crate::net::event_loop::take_read_ahead(fd, &mut input) {
+            None => false,
+            Some(true) => read_available(fd, &mut input),
+            Some(false) => true,
+        };
+        if !alive {
             drop(input);
             handle.kill();
             continue;

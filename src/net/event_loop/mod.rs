@@ -369,6 +369,12 @@ impl EventLoop {
         LOOP_ID.with(|id| id.set(NEXT_LOOP_ID.fetch_add(1, Ordering::Relaxed)));
         REMOTE.with_borrow_mut(|r| *r = Some(remote.clone()));
         reactor::set_epoll(epoll);
+        if crate::net::uring::wait_on_ring(epoll, eventfd) {
+            // The ring watches the eventfd itself: through the epoll, a wake-up would cost
+            // an `epoll_wait` more.
+            // SAFETY: both descriptors were just made.
+            unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_DEL, eventfd, std::ptr::null_mut()) };
+        }
         time::start();
         Ok(EventLoop {
             epoll,
@@ -404,8 +410,6 @@ impl EventLoop {
     fn drive(&self, parking: &mut Parking, done: &dyn Fn() -> bool) {
         let mut events: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
         let mut woken = VecDeque::new();
-        let mut to_read = Vec::with_capacity(events.len());
-        let mut reads = Vec::with_capacity(events.len());
         loop {
             // Each task that was ready when the pass began runs once; one woken meanwhile
             // (by a task, or by itself to yield) waits for the next pass, after the
@@ -414,8 +418,12 @@ impl EventLoop {
             while n > 0 && run_one() {
                 n -= 1;
             }
-            // This pass's replies leave together.
-            crate::net::uring::flush();
+            let on_ring = crate::net::uring::waits();
+            if !on_ring || done() {
+                // This pass's replies leave together (on a ring that waits, they leave
+                // with the wait below).
+                crate::net::uring::flush();
+            }
             if done() {
                 return;
             }
@@ -430,31 +438,40 @@ impl EventLoop {
                     timeout = time::next_timeout_ms();
                 }
             }
-            // SAFETY: `events` outlives the call and its length is what the kernel is told.
-            let got = unsafe {
-                libc::epoll_wait(
-                    self.epoll,
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout,
-                )
+            let epoll_due = if on_ring {
+                // One system call: the sends, the receives readers asked for, and the
+                // wait. The completions are handed out inside it.
+                crate::net::uring::pass(timeout)
+            } else {
+                true
             };
+            let mut wait = if on_ring { 0 } else { timeout };
+            let mut look = epoll_due;
+            while look {
+                // SAFETY: `events` outlives the call and its length is what the kernel
+                // is told.
+                let got = unsafe {
+                    libc::epoll_wait(self.epoll, events.as_mut_ptr(), events.len() as i32, wait)
+                };
+                for ev in events.iter().take(got.max(0) as usize) {
+                    let token = ev.u64;
+                    if token == reactor::EVENTFD_TOKEN {
+                        let mut sink = 0u64;
+                        // SAFETY: reads 8 bytes into a live u64 (resets the eventfd).
+                        unsafe { libc::read(self.eventfd, (&mut sink as *mut u64).cast(), 8) };
+                    } else {
+                        reactor::dispatch(token, ev.events);
+                    }
+                }
+                // The ring's watch fires when an event comes, not while events wait: a
+                // full batch may have left some, so look again without waiting.
+                look = on_ring && got as usize == events.len();
+                wait = 0;
+            }
             if parked {
                 self.remote.woken.awake();
                 (parking.after)();
             }
-            for ev in events.iter().take(got.max(0) as usize) {
-                let token = ev.u64;
-                if token == reactor::EVENTFD_TOKEN {
-                    let mut sink = 0u64;
-                    // SAFETY: reads 8 bytes into a live u64 (resets the eventfd).
-                    unsafe { libc::read(self.eventfd, (&mut sink as *mut u64).cast(), 8) };
-                } else if reactor::dispatch(token, ev.events) {
-                    to_read.push(token);
-                }
-            }
-            // The sockets found readable are read now, together, before their tasks run.
-            reactor::read_ahead(&mut to_read, &mut reads);
             if self.remote.woken.has_mail() {
                 self.remote.woken.take_into(&mut woken);
                 for key in woken.drain(..) {

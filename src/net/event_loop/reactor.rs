@@ -1,21 +1,24 @@
 //! The thread's epoll and the sockets registered with it. Owns readiness: which socket
 //! may be read or written without waiting, and whom to wake when that changes. Never
-//! reads or writes a socket itself (the callers of `try_io` do).
+//! reads or writes a socket itself (the callers of `try_io` do), and never touches the
+//! ring (`uring` submits what this module asks for and hands back the completions).
 //!
 //! Registration is edge-triggered: the kernel reports a change once, the socket keeps it
 //! as readiness, and the reader clears it when a read would block. Each registration's
 //! event token is the address of its `IoSlot`, kept alive (one `Rc` count) until the
-//! socket leaves the epoll. A socket leaves only while a task runs, never while a
-//! batch of events is being handed out, and the kernel reports nothing for it after
-//! `EPOLL_CTL_DEL`, so no token of a freed slot is ever read.
+//! socket leaves the epoll and no receive of the ring still names it. A socket leaves
+//! only while a task runs, never while a batch of events is being handed out, and the
+//! kernel reports nothing for it after `EPOLL_CTL_DEL`, so no token of a freed slot is
+//! ever read.
 //!
-//! Read-ahead (docs/event-loop.md, "Reads of a pass in one system call"): a plain
-//! connection's socket that an event reports readable is read by the loop itself, with
-//! every other such socket, in one `io_uring_enter` (`uring::flush_and_recv`), into a buffer
-//! the slot keeps (`ahead`). Its reader takes those bytes before it reads the socket
-//! again, and so must anything else that reads it (the busy-script hook, through
-//! `take_read_ahead`; a migrating connection, through `Socket::into_std`), so bytes never
-//! change order.
+//! Reads through the ring (docs/event-loop.md, "Reads and the wait through io_uring"):
+//! on a thread whose ring waits, a plain connection's socket is read by a receive the
+//! loop arms when its reader finds nothing to take, into a buffer the slot keeps
+//! (`ahead`). The completion fills the buffer and wakes the reader, which takes those
+//! bytes before it reads the socket itself, and so must anything else that reads it (the
+//! busy-script hook, through `take_read_ahead`; a migrating connection, through
+//! `Socket::into_std`), so bytes never change order. Nothing reads a socket whose receive
+//! is armed, and the slot's buffer is not touched until its completion.
 
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
@@ -26,7 +29,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
 /// The eventfd's token (no slot lives at address 0).
-pub(super) const EVENTFD_TOKEN: u64 = 0;
+pub(crate) const EVENTFD_TOKEN: u64 = 0;
 
 const READABLE: u8 = 1;
 const WRITABLE: u8 = 2;
@@ -36,19 +39,39 @@ const READ_CLOSED: u8 = 4;
 /// The socket hung up or failed: writes stay ready, to see the error.
 const WRITE_CLOSED: u8 = 8;
 
-/// Bytes the loop reads ahead for one socket at most; more stay in the kernel, for the
-/// reader to take itself (bounded memory, and the kernel's flow control still applies).
+/// Bytes one receive of the ring takes at most; more stay in the kernel, for the reader
+/// to take itself (bounded memory, and the kernel's flow control still applies).
 const AHEAD_ROOM: usize = 16 * 1024;
+
+/// `IORING_RECVSEND_POLL_FIRST`: a receive is armed only after its socket was found
+/// empty, so the kernel waits for bytes before it tries.
+const RECV_POLL_FIRST: u16 = 1;
+
+/// Epoll events a socket read through the ring is registered for: writability only (a
+/// send cut short waits for it), so arriving bytes cost no epoll event.
+const RING_READ_EVENTS: u32 = (libc::EPOLLOUT | libc::EPOLLET) as u32;
+const ALL_EVENTS: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
 thread_local! {
     static EPOLL: Cell<RawFd> = const { Cell::new(-1) };
-    /// The sockets that may be read ahead, by descriptor, for the busy-script hook, which
-    /// knows a connection by its descriptor only (set once per connection, not per read).
+    /// Plain sockets registered from now on are read through the thread's ring.
+    static RING_READS: Cell<bool> = const { Cell::new(false) };
+    /// The sockets read through the ring (or read ahead), by descriptor, for the
+    /// busy-script hook, which knows a connection by its descriptor only (set once per
+    /// connection, not per read), and for leaving the ring.
     static BY_FD: RefCell<Vec<Option<Rc<IoSlot>>>> = const { RefCell::new(Vec::new()) };
+    /// Sockets whose reader asked for a receive, for the pass's `io_uring_enter`.
+    static TO_ARM: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(super) fn set_epoll(fd: RawFd) {
     EPOLL.with(|e| e.set(fd));
+}
+
+/// From now on, plain sockets of this thread are read through its ring (`uring` says so
+/// once its ring waits for the thread).
+pub(crate) fn read_through_ring(on: bool) {
+    RING_READS.with(|r| r.set(on));
 }
 
 /// What a caller waits for.
@@ -73,40 +96,39 @@ struct IoSlot {
     reader: RefCell<Option<Waker>>,
     writer: RefCell<Option<Waker>>,
     fd: Cell<RawFd>,
-    /// The loop may read this socket ahead of its reader (a plain connection's, read only
-    /// through `Socket::read_plain`).
+    /// A plain connection's socket, read only through `Socket::read_plain` (and the
+    /// hook, through `take_read_ahead`): the loop may read it for its reader.
     read_ahead: Cell<bool>,
-    /// Bytes read ahead, in order, before anything still in the socket.
+    /// Read through the ring: its reader asks for receives instead of waiting for epoll.
+    on_ring: Cell<bool>,
+    /// A receive into `ahead`'s spare capacity is in the kernel: nothing else may read
+    /// the socket or touch `ahead` until its completion.
+    armed: Cell<bool>,
+    /// Listed in `TO_ARM`.
+    arm_asked: Cell<bool>,
+    /// Bytes the armed receive may write.
+    armed_len: Cell<u32>,
+    /// The socket was dropped with a receive armed: the completion frees the slot.
+    leaving: Cell<bool>,
+    /// Bytes read by the loop, in order, before anything still in the socket.
     ahead: RefCell<BytesMut>,
-    /// A read-ahead's buffer was left with the kernel (a ring that failed mid-read): the
+    /// A receive's buffer was left with the kernel (a ring that failed mid-read): the
     /// byte stream has a hole, so the connection must end.
     broken: Cell<bool>,
 }
 
 impl IoSlot {
-    #[inline]
-    fn poll_ready(&self, interest: Interest, cx: &mut Context<'_>) -> Poll<()> {
-        if self.ready.get() & interest.bit() != 0
-            || (interest == Interest::Readable && self.holds_ahead())
-        {
-            return super::poll_budget(cx);
-        }
-        let mut slot = match interest {
-            Interest::Readable => self.reader.borrow_mut(),
-            Interest::Writable => self.writer.borrow_mut(),
-        };
-        if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            *slot = Some(cx.waker().clone());
-        }
-        Poll::Pending
-    }
-
     fn holds_ahead(&self) -> bool {
-        self.read_ahead.get() && (!self.ahead.borrow().is_empty() || self.broken.get())
+        self.read_ahead.get()
+            && !self.armed.get()
+            && (!self.ahead.borrow().is_empty() || self.broken.get())
     }
 
     /// Moves the bytes read ahead to the end of `buf`; how many.
     fn take_ahead(&self, buf: &mut BytesMut) -> usize {
+        if self.armed.get() {
+            return 0;
+        }
         let mut ahead = self.ahead.borrow_mut();
         let n = ahead.len();
         if n == 0 {
@@ -123,11 +145,16 @@ impl IoSlot {
         }
         n
     }
+
+    fn wake_reader(&self) {
+        if let Some(w) = self.reader.borrow_mut().take() {
+            w.wake();
+        }
+    }
 }
 
-/// Hands one event to its socket: sets its readiness and wakes who waits for it. True
-/// when the socket is to be read ahead (`read_ahead`, with this token).
-pub(super) fn dispatch(token: u64, events: u32) -> bool {
+/// Hands one event to its socket: sets its readiness and wakes who waits for it.
+pub(super) fn dispatch(token: u64, events: u32) {
     // SAFETY: the token is the address of an `IoSlot` whose registration holds one `Rc`
     // count until it leaves the epoll, which happens only between event batches.
     let slot = unsafe { &*(token as usize as *const IoSlot) };
@@ -145,6 +172,11 @@ pub(super) fn dispatch(token: u64, events: u32) -> bool {
     if events & hangup != 0 {
         bits |= WRITE_CLOSED;
     }
+    if slot.on_ring.get() {
+        // Its receive reports the end or the error itself; a read of the socket now
+        // could race that receive for bytes.
+        bits &= WRITABLE | WRITE_CLOSED;
+    }
     slot.ready.set(slot.ready.get() | bits);
     if bits & WRITABLE != 0 {
         if let Some(w) = slot.writer.borrow_mut().take() {
@@ -152,91 +184,164 @@ pub(super) fn dispatch(token: u64, events: u32) -> bool {
         }
     }
     if bits & READABLE != 0 {
-        if let Some(w) = slot.reader.borrow_mut().take() {
-            w.wake();
-        }
-        return slot.read_ahead.get() && slot.ahead.borrow().is_empty();
+        slot.wake_reader();
     }
-    false
 }
 
-/// Reads every socket of `tokens` (from `dispatch`, this wait's) in one `io_uring_enter`,
-/// before the tasks run. Without a ring on this thread, does nothing: each reader reads
-/// its socket itself. `reads` is scratch space, kept by the caller between passes.
-pub(super) fn read_ahead(tokens: &mut Vec<u64>, reads: &mut Vec<crate::net::uring::Recv>) {
-    if tokens.is_empty() {
+/// The user data that names a slot's receive in the ring.
+pub(crate) type Token = u64;
+
+/// Builds a receive for every socket whose reader asked for one since the last pass, and
+/// hands each to `push` with its token. Called by `uring` while it fills the pass's
+/// submission; the buffers stay untouched until `received` (or for ever if the ring
+/// fails to give one back: `abandon_receives`).
+pub(crate) fn receives_to_arm(push: &mut dyn FnMut(io_uring::squeue::Entry, Token)) -> usize {
+    let asked = TO_ARM.with(|t| std::mem::take(&mut *t.borrow_mut()));
+    let mut armed = 0;
+    for slot in &asked {
+        slot.arm_asked.set(false);
+        if !slot.on_ring.get()
+            || slot.leaving.get()
+            || slot.armed.get()
+            || slot.broken.get()
+            || !slot.ahead.borrow().is_empty()
+            || slot.ready.get() & READABLE != 0
+        {
+            continue;
+        }
+        let (buf, room) = {
+            let mut ahead = slot.ahead.borrow_mut();
+            if ahead.capacity() < 1024 {
+                ahead.reserve(AHEAD_ROOM);
+            }
+            let spare = ahead.spare_capacity_mut();
+            (
+                spare.as_mut_ptr().cast::<u8>(),
+                spare.len().min(AHEAD_ROOM) as u32,
+            )
+        };
+        let token = Rc::as_ptr(slot) as usize as Token;
+        let entry = io_uring::opcode::Recv::new(io_uring::types::Fd(slot.fd.get()), buf, room)
+            .ioprio(RECV_POLL_FIRST)
+            .build();
+        slot.armed.set(true);
+        slot.armed_len.set(room);
+        push(entry, token);
+        armed += 1;
+    }
+    // The list's allocation is kept for the next pass.
+    TO_ARM.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.is_empty() {
+            let mut asked = asked;
+            asked.clear();
+            *t = asked;
+        }
+    });
+    armed
+}
+
+/// Applies a receive's completion (`result`: bytes, or a negative errno) to its socket.
+pub(crate) fn received(token: Token, result: i32) {
+    // SAFETY: an armed receive's slot holds one `Rc` count (its registration's, or, once
+    // the socket was dropped, one kept for this completion) until this returns.
+    let slot = unsafe { &*(token as usize as *const IoSlot) };
+    slot.armed.set(false);
+    if slot.leaving.get() {
+        // SAFETY: the count the dropped socket left for this completion.
+        drop(unsafe { Rc::from_raw(token as usize as *const IoSlot) });
         return;
     }
-    reads.clear();
-    for &token in tokens.iter() {
-        // SAFETY: as in `dispatch`: no socket leaves the epoll between the event batch
-        // and this read-ahead (no task runs in between).
-        let slot = unsafe { &*(token as usize as *const IoSlot) };
+    if result > 0 {
         let mut ahead = slot.ahead.borrow_mut();
-        // `ahead` is empty here (only an empty one is read into).
-        if ahead.capacity() < 1024 {
-            ahead.reserve(AHEAD_ROOM);
+        let len = ahead.len() + result as usize;
+        // SAFETY: the kernel wrote `result` bytes at the start of the spare capacity it
+        // was given, which nothing touched meanwhile.
+        unsafe { ahead.set_len(len) };
+        drop(ahead);
+        if result as u32 >= slot.armed_len.get() {
+            // More may wait: the reader reads the rest itself, into its own buffer.
+            slot.ready.set(slot.ready.get() | READABLE);
         }
-        let spare = ahead.spare_capacity_mut();
-        let room = spare.len().min(AHEAD_ROOM);
-        reads.push(crate::net::uring::Recv {
-            fd: slot.fd.get(),
-            buf: spare.as_mut_ptr().cast(),
-            len: room as u32,
-            result: 0,
-        });
+        crate::net::count(|c| c.reads_ahead += 1);
+    } else if result == 0 || result != -libc::ECANCELED {
+        // The end of the stream, or an error (reported once): the reader's own read
+        // finds the end and closes.
+        slot.ready.set(slot.ready.get() | READABLE | READ_CLOSED);
     }
-    // SAFETY: each buffer is the spare capacity of a slot's `ahead`, which nothing else
-    // touches until this returns (no task runs meanwhile, and the registrations keep
-    // the slots alive). A buffer the kernel kept is reported as `LEFT_WITH_KERNEL` and
-    // leaked below.
-    if unsafe { crate::net::uring::flush_and_recv(reads) } {
-        for (&token, read) in tokens.iter().zip(reads.iter()) {
-            // SAFETY: as above.
-            let slot = unsafe { &*(token as usize as *const IoSlot) };
-            let result = read.result;
-            if result > 0 {
-                let mut ahead = slot.ahead.borrow_mut();
-                let len = ahead.len() + result as usize;
-                // SAFETY: the kernel wrote `result` bytes at the start of the spare
-                // capacity it was given.
-                unsafe { ahead.set_len(len) };
-            } else if result == crate::net::uring::LEFT_WITH_KERNEL {
-                std::mem::forget(std::mem::take(&mut *slot.ahead.borrow_mut()));
-                slot.broken.set(true);
-                continue;
-            }
-            // A short read drained the socket (and -EAGAIN found it empty). At the end of
-            // the stream the reader's own read finds it again; after an error (which the
-            // kernel reports once) it finds the end of the stream, and closes all the
-            // same.
-            let drained = (result > 0 && (result as u32) < read.len) || result == -libc::EAGAIN;
-            if drained && slot.ready.get() & READ_CLOSED == 0 {
-                slot.ready.set(slot.ready.get() & !READABLE);
-            }
-        }
-        crate::net::count(|c| {
-            c.read_ahead_batches += 1;
-            c.reads_ahead += reads.len() as u64;
-        });
-    }
-    tokens.clear();
+    slot.wake_reader();
 }
 
-/// Takes the bytes the loop read ahead for the socket `fd`, appending them to `buf`, so
-/// a reader that reads the socket by its descriptor (the busy-script hook) keeps their
-/// order. False if the connection is broken.
-pub fn take_read_ahead(fd: RawFd, buf: &mut BytesMut) -> bool {
+/// Whether any reader asked for a receive since the last submission.
+pub(crate) fn receives_asked() -> bool {
+    TO_ARM.with(|t| !t.borrow().is_empty())
+}
+
+/// Whether the receive `token` names is still in the kernel.
+pub(crate) fn is_armed(token: Token) -> bool {
+    // SAFETY: the caller holds the socket `token` names (`Socket::into_std`).
+    unsafe { &*(token as usize as *const IoSlot) }.armed.get()
+}
+
+/// The tokens of every receive armed on this thread's sockets (to cancel them all).
+pub(crate) fn armed_receives() -> Vec<Token> {
+    BY_FD.with(|by_fd| {
+        by_fd
+            .borrow()
+            .iter()
+            .flatten()
+            .filter(|s| s.armed.get())
+            .map(|s| Rc::as_ptr(s) as usize as Token)
+            .collect()
+    })
+}
+
+/// The thread's ring is gone: its sockets go back to epoll, readable. A receive still
+/// armed (one the kernel could not be made to give back) keeps its buffer for ever and
+/// breaks its connection.
+pub(crate) fn leave_ring() {
+    read_through_ring(false);
+    TO_ARM.with(|t| t.borrow_mut().clear());
+    let epoll = EPOLL.with(|e| e.get());
+    BY_FD.with(|by_fd| {
+        for slot in by_fd.borrow().iter().flatten() {
+            if !slot.on_ring.replace(false) {
+                continue;
+            }
+            slot.arm_asked.set(false);
+            if slot.armed.replace(false) {
+                std::mem::forget(std::mem::take(&mut *slot.ahead.borrow_mut()));
+                slot.broken.set(true);
+            }
+            let mut ev = libc::epoll_event {
+                events: ALL_EVENTS,
+                u64: Rc::as_ptr(slot) as usize as u64,
+            };
+            // SAFETY: both descriptors are open while the slot is listed; `ev` lives
+            // across the call.
+            unsafe { libc::epoll_ctl(epoll, libc::EPOLL_CTL_MOD, slot.fd.get(), &mut ev) };
+            slot.ready.set(slot.ready.get() | READABLE);
+            slot.wake_reader();
+        }
+    });
+}
+
+/// Takes the bytes the loop read for the socket `fd`, appending them to `buf`, so a
+/// reader that reads the socket by its descriptor (the busy-script hook) keeps their
+/// order. `None` if the connection is broken; `Some(false)` if the loop's receive is
+/// armed on it, so the caller must not read the socket itself (what comes arrives
+/// through the ring: `uring::look`).
+pub fn take_read_ahead(fd: RawFd, buf: &mut BytesMut) -> Option<bool> {
     BY_FD.with(|by_fd| {
         let by_fd = by_fd.borrow();
         let Some(Some(slot)) = by_fd.get(fd as usize) else {
-            return true;
+            return Some(true);
         };
         if slot.broken.get() {
-            return false;
+            return None;
         }
         slot.take_ahead(buf);
-        true
+        Some(!slot.armed.get())
     })
 }
 
@@ -264,7 +369,7 @@ impl Socket {
         slot.ready.set(READABLE | WRITABLE);
         let token = Rc::into_raw(slot.clone()) as usize as u64;
         let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            events: ALL_EVENTS,
             u64: token,
         };
         // SAFETY: both descriptors are open; `ev` lives across the call.
@@ -285,20 +390,54 @@ impl Socket {
         self.tcp.as_ref().expect("a socket in use")
     }
 
-    /// Ready for `interest`, or registers the caller to be woken when it is.
+    /// Ready for `interest`, or registers the caller to be woken when it is. A reader
+    /// of a socket read through the ring that finds nothing asks for a receive.
     #[inline]
     pub fn poll_ready(&self, interest: Interest, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.slot.poll_ready(interest, cx).map(Ok)
+        let slot = &*self.slot;
+        if slot.ready.get() & interest.bit() != 0
+            || (interest == Interest::Readable && slot.holds_ahead())
+        {
+            return super::poll_budget(cx).map(Ok);
+        }
+        let mut waiter = match interest {
+            Interest::Readable => slot.reader.borrow_mut(),
+            Interest::Writable => slot.writer.borrow_mut(),
+        };
+        if !waiter.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *waiter = Some(cx.waker().clone());
+        }
+        if interest == Interest::Readable
+            && slot.on_ring.get()
+            && !slot.armed.get()
+            && !slot.arm_asked.replace(true)
+        {
+            TO_ARM.with(|t| t.borrow_mut().push(self.slot.clone()));
+        }
+        Poll::Pending
     }
 
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.poll_ready(Interest::Readable, cx)
     }
 
-    /// Lets the loop read this socket ahead of its reader (`read_ahead`). Only for a
-    /// socket read through `take_read_ahead_into` first, every time.
+    /// Lets the loop read this socket for its reader (through the ring, when the thread
+    /// reads that way). Only for a socket read through `take_read_ahead_into` first,
+    /// every time.
     pub fn allow_read_ahead(&self) {
         self.slot.read_ahead.set(true);
+        if RING_READS.with(|r| r.get()) {
+            let mut ev = libc::epoll_event {
+                events: RING_READ_EVENTS,
+                u64: Rc::as_ptr(&self.slot) as usize as u64,
+            };
+            // SAFETY: both descriptors are open; `ev` lives across the call.
+            let ok = unsafe {
+                libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_MOD, self.as_raw_fd(), &mut ev)
+            } == 0;
+            // Should the change fail, the socket stays on epoll for its reads.
+            self.slot.on_ring.set(ok);
+        }
         let fd = self.slot.fd.get() as usize;
         BY_FD.with(|by_fd| {
             let mut by_fd = by_fd.borrow_mut();
@@ -313,7 +452,8 @@ impl Socket {
     /// the read-ahead left a hole in the stream.
     #[inline]
     pub fn take_read_ahead_into(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        if self.slot.ahead.borrow().is_empty() && !self.slot.broken.get() {
+        if self.slot.armed.get() || (self.slot.ahead.borrow().is_empty() && !self.slot.broken.get())
+        {
             return Ok(0);
         }
         if self.slot.broken.get() {
@@ -385,11 +525,21 @@ impl Socket {
     }
 
     /// Leaves the loop and gives the socket back (a connection moving to another thread),
-    /// with the bytes read ahead from it, which come before anything still in it.
-    pub fn into_std(mut self) -> (std::net::TcpStream, BytesMut) {
+    /// with the bytes read ahead from it, which come before anything still in it. `None`
+    /// (the socket dropped) if a receive armed on it could not be taken back, or the read
+    /// left a hole in the stream.
+    pub fn into_std(mut self) -> Option<(std::net::TcpStream, BytesMut)> {
+        if self.slot.armed.get() {
+            // Another thread's ring must not race this one for the socket's bytes:
+            // cancel the receive and take what it read before letting go.
+            crate::net::uring::cancel_receive_now(Rc::as_ptr(&self.slot) as usize as Token);
+        }
+        if self.slot.armed.get() || self.slot.broken.get() {
+            return None;
+        }
         let ahead = std::mem::take(&mut *self.slot.ahead.borrow_mut());
         self.deregister();
-        (self.tcp.take().expect("a socket in use"), ahead)
+        Some((self.tcp.take().expect("a socket in use"), ahead))
     }
 
     fn deregister(&mut self) {
@@ -404,8 +554,11 @@ impl Socket {
                 )
             };
             // Nothing reads this socket ahead from now on, and what was read dies with it.
+            self.slot.on_ring.set(false);
             if self.slot.read_ahead.replace(false) {
-                self.slot.ahead.borrow_mut().clear();
+                if !self.slot.armed.get() {
+                    self.slot.ahead.borrow_mut().clear();
+                }
                 let fd = self.slot.fd.get() as usize;
                 // Not while the thread's locals are being torn down (a socket dropped
                 // then has nothing to unlist).
@@ -416,6 +569,15 @@ impl Socket {
                         }
                     }
                 });
+            }
+            if self.slot.armed.get() {
+                // The kernel still holds a receive into the slot's buffer: the slot
+                // lives until its completion. Shutting the socket down completes it at
+                // once (and tells the peer now, not when the ring next runs).
+                self.slot.leaving.set(true);
+                // SAFETY: shutdown on the socket's own open descriptor.
+                unsafe { libc::shutdown(tcp.as_raw_fd(), libc::SHUT_RDWR) };
+                return;
             }
             // SAFETY: the count `from_std` leaked for the registration, which just ended.
             drop(unsafe { Rc::from_raw(Rc::as_ptr(&self.slot)) });
