@@ -95,6 +95,25 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
     // types work here through the `kite-io` thread's runtime, which drives them.
     let _tokio = crate::net::event_loop::tokio_handle().enter();
     let event_loop = crate::net::event_loop::EventLoop::new().expect("the thread's event loop");
+    if id == 0 {
+        // Read by the test harness (KITE_REQUIRE_IO_URING), so a silent fallback cannot
+        // pass for the io_uring loop.
+        if crate::net::uring::waits() {
+            tracing::info!(
+                "Event loop: io_uring (one io_uring_enter per pass sends, receives and waits)"
+            );
+        } else {
+            let (_, _, why) = crate::net::uring::describe();
+            tracing::info!(
+                "Event loop: epoll ({})",
+                if why.is_empty() {
+                    "event-loop epoll"
+                } else {
+                    why.as_str()
+                }
+            );
+        }
+    }
     let databases = shared.tunables.databases;
     let worker = Rc::new(Worker {
         id,

@@ -8,6 +8,8 @@
 //!   `--threads` is ignored), so the whole suite can be checked against real Redis.
 //! - `KITE_EVENT_LOOP`: passed to every Kite started here as `--event-loop` ("epoll"
 //!   runs the suite with replies written one by one instead of through io_uring).
+//! - `KITE_REQUIRE_IO_URING`: every Kite started here (unless told `--event-loop epoll`)
+//!   must say in its log that its loop waits on io_uring, or the test fails.
 //! - `redis-server` must be on `PATH` for the differential tests (`scripts/test.sh`
 //!   installs it).
 #![allow(dead_code)]
@@ -248,6 +250,29 @@ impl ServerProcess {
     }
 
     /// The last `lines` lines of the server's output.
+    /// Panics unless the server's log says its loop waits on io_uring (the harness's
+    /// check that a silent fallback to epoll cannot pass for the io_uring loop).
+    fn require_io_uring(&self) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let text =
+                String::from_utf8_lossy(&fs::read(&self.log_path).unwrap_or_default()).into_owned();
+            if let Some(line) = text.lines().find(|l| l.contains("Event loop: ")) {
+                assert!(
+                    line.contains("Event loop: io_uring"),
+                    "KITE_REQUIRE_IO_URING is set, but {}",
+                    line
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "KITE_REQUIRE_IO_URING is set, but the server never said which event loop runs"
+            );
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         let text = fs::read(&self.log_path)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -296,6 +321,7 @@ impl KiteServer {
             KiteServer(ServerProcess::spawn(&bin, name, &make))
         } else {
             let name = format!("kite --threads {threads}");
+            let forces_epoll = extra.windows(2).any(|w| w == ["--event-loop", "epoll"]);
             let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
             // Each server gets a data directory of its own and no save points, so no test
             // writes into the work tree or loads another's file; `extra` may override both.
@@ -330,6 +356,12 @@ impl KiteServer {
             };
             let mut server = ServerProcess::spawn(&bin, name, &make);
             server.owned_dir = Some(dir);
+            if std::env::var_os("KITE_REQUIRE_IO_URING").is_some()
+                && std::env::var("KITE_EVENT_LOOP").map_or(true, |m| m != "epoll")
+                && !forces_epoll
+            {
+                server.require_io_uring();
+            }
             KiteServer(server)
         }
     }
