@@ -2320,3 +2320,91 @@ fn a_full_socket_cuts_a_batched_send_short() {
         assert_eq!(slow.read(), Resp::Integer(i as i64 + 1), "INCR #{i}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// 7. Reads and the wait through io_uring (docs/event-loop.md, "Reads and the wait
+//    through io_uring")
+// ---------------------------------------------------------------------------
+
+/// `multiplexing_api` (Redis's field) names what the threads wait on: io_uring exactly
+/// when the ring is in use, epoll when told so or when the ring could not be set up
+/// (and then `kite_io_uring_error` says why).
+#[test]
+fn multiplexing_api_names_what_the_loop_waits_on() {
+    let s = KiteServer::start(&[], 2);
+    let mut c = client(&s);
+    let api = info_field(&mut c, "server", "multiplexing_api");
+    if sends_through_io_uring(&mut c) {
+        assert_eq!(api, "io_uring", "the ring sends replies, yet multiplexing_api:{api}");
+    } else {
+        assert_eq!(api, "epoll");
+    }
+    let s = KiteServer::start(&["--event-loop", "epoll"], 2);
+    let mut c = client(&s);
+    assert_eq!(info_field(&mut c, "server", "multiplexing_api"), "epoll");
+}
+
+/// A connection that sends nothing has a receive waiting in the kernel on a ring loop.
+/// When the server closes it (CLIENT KILL, the idle `timeout`), the client must see the
+/// end at once, not when the receive next completes (which, with nothing sent, is
+/// never).
+fn idle_connections_the_server_closes_see_the_end(threads: usize) {
+    const IDLE: usize = 20;
+    let s = KiteServer::start(&[], threads);
+    let mut admin = client(&s);
+    let mut idle: Vec<(Client, i64)> = (0..IDLE)
+        .map(|_| {
+            let mut c = client(&s);
+            let id = match c.cmd(&["CLIENT", "ID"]) {
+                Resp::Integer(id) => id,
+                other => panic!("CLIENT ID answered {other}"),
+            };
+            (c, id)
+        })
+        .collect();
+    // Let every one of them go back to waiting for its next request.
+    thread::sleep(Duration::from_millis(50));
+    for (_, id) in &idle {
+        assert_eq!(
+            admin.cmd(&["CLIENT", "KILL", "ID", &id.to_string()]),
+            Resp::Integer(1),
+            "CLIENT KILL ID {id}"
+        );
+    }
+    for (c, id) in idle.iter_mut() {
+        assert_closed(c, &format!("idle client {id} killed"));
+    }
+    for (_, id) in &idle {
+        wait_gone(&mut admin, *id);
+    }
+    // The idle timeout closes a silent client the same way.
+    assert_eq!(
+        admin.cmd(&["CONFIG", "SET", "timeout", "1"]),
+        Resp::ok(),
+        "CONFIG SET timeout"
+    );
+    let mut quiet = client(&s);
+    assert_eq!(quiet.cmd(&["PING"]), Resp::simple("PONG"));
+    let (bytes, closed) = quiet.read_raw_until_close(Duration::from_secs(10));
+    assert!(
+        closed && bytes.is_empty(),
+        "the idle timeout did not close a silent client ({} bytes read)",
+        bytes.len()
+    );
+    // The admin connection was idle as long, and went the same way.
+    let mut admin = client(&s);
+    assert_eq!(admin.cmd(&["CONFIG", "SET", "timeout", "0"]), Resp::ok());
+    // The thread is fine: new connections are read and answered.
+    let mut fresh = client(&s);
+    keep_working(&mut fresh, "idle:after", threads, 20, 0);
+}
+
+#[test]
+fn idle_connections_the_server_closes_see_the_end_threads1() {
+    idle_connections_the_server_closes_see_the_end(1);
+}
+
+#[test]
+fn idle_connections_the_server_closes_see_the_end_threads4() {
+    idle_connections_the_server_closes_see_the_end(4);
+}
