@@ -2335,7 +2335,10 @@ fn multiplexing_api_names_what_the_loop_waits_on() {
     let mut c = client(&s);
     let api = info_field(&mut c, "server", "multiplexing_api");
     if sends_through_io_uring(&mut c) {
-        assert_eq!(api, "io_uring", "the ring sends replies, yet multiplexing_api:{api}");
+        assert_eq!(
+            api, "io_uring",
+            "the ring sends replies, yet multiplexing_api:{api}"
+        );
     } else {
         assert_eq!(api, "epoll");
     }
@@ -2407,4 +2410,59 @@ fn idle_connections_the_server_closes_see_the_end_threads1() {
 #[test]
 fn idle_connections_the_server_closes_see_the_end_threads4() {
     idle_connections_the_server_closes_see_the_end(4);
+}
+
+/// A connection that moves to another thread just after a blocking pop was served had a
+/// receive armed on its socket while it waited (to see the client leave). The move must
+/// take that receive back, with anything it read, before another thread's loop reads
+/// the socket: the connection moves, and every byte keeps its place.
+#[test]
+fn a_connection_moves_after_a_blocking_pop_with_its_input() {
+    const CONNS: usize = 4;
+    const POPS: usize = 12;
+    let s = KiteServer::start(&["--migrate-connections", "yes"], 2);
+    let mut admin = client(&s);
+    let mut pusher = client(&s);
+    let before = info_int(&mut admin, "transactions", "migrations");
+    for shard in 0..2 {
+        let tag = tag_on_shard("blmv", shard, 2);
+        let list = format!("{{{tag}}}:q");
+        for n in 0..CONNS {
+            // Its pops alone make the connection's affinity: whichever thread it starts
+            // on, it moves to the list's once enough of them were served there.
+            let mut c = client(&s);
+            for pop in 0..POPS {
+                let ctx = format!("shard {shard} connection {n} pop {pop}");
+                c.send(&["BLPOP", &list, "10"]);
+                thread::sleep(Duration::from_millis(5));
+                if pop % 2 == 1 {
+                    // Sent while blocked: kept for after the pop.
+                    c.send(&["ECHO", &ctx]);
+                    thread::sleep(Duration::from_millis(5));
+                }
+                assert_eq!(
+                    pusher.cmd(&["RPUSH", &list, &ctx]),
+                    Resp::Integer(1),
+                    "{ctx}"
+                );
+                assert_eq!(
+                    c.try_read()
+                        .unwrap_or_else(|e| panic!("{ctx}: no pop: {e}")),
+                    Resp::Array(vec![bulk(&list), bulk(&ctx)]),
+                    "{ctx}"
+                );
+                if pop % 2 == 1 {
+                    assert_eq!(
+                        c.try_read()
+                            .unwrap_or_else(|e| panic!("{ctx}: no echo: {e}")),
+                        bulk(&ctx),
+                        "{ctx}"
+                    );
+                }
+                check(&mut c, &cmd(&["PING"]), &Resp::simple("PONG"), &ctx);
+            }
+        }
+    }
+    let moved = info_int(&mut admin, "transactions", "migrations") - before;
+    assert!(moved > 0, "no connection moved");
 }
