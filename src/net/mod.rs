@@ -30,8 +30,8 @@ pub struct LoopCounters {
     pub send_batches: u64,
     pub batched_sends: u64,
     pub short_sends: u64,
-    /// Batches of reads the loop made ahead of the connections' tasks, and reads in them
-    /// (`event_loop::reactor::read_ahead`).
+    /// Passes that armed receives for the connections' readers, and receives that
+    /// brought bytes (`event_loop::reactor::receives_to_arm`, `received`).
     pub read_ahead_batches: u64,
     pub reads_ahead: u64,
 }
@@ -466,7 +466,7 @@ impl Write for FdIo {
 /// immediately and cost one more `recv` that finds nothing, one extra system call per
 /// request on an unpipelined connection.
 ///
-/// Bytes the loop read ahead (`event_loop::reactor::read_ahead`) are taken first; the
+/// Bytes the loop's receive read (`event_loop::reactor::received`) are taken first; the
 /// socket is read only when there are none.
 async fn read_plain(stream: &Socket, buf: &mut BytesMut) -> io::Result<usize> {
     loop {

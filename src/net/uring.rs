@@ -52,6 +52,10 @@ const COMPLETION_ENTRIES: u32 = 4096;
 /// ring and writes replies itself.
 const ENTER_RETRIES: usize = 16;
 
+/// How long one wait for a cancellation's answer lasts (it comes inside the call on
+/// every kernel seen; this bounds the failure cases it exists for).
+const CANCEL_WAIT_MS: i32 = 100;
+
 /// `IORING_ENTER_GETEVENTS`: run the ring's deferred work (receives whose bytes came),
 /// and wait if asked to.
 const GETEVENTS: u32 = 1;
@@ -276,7 +280,7 @@ pub(crate) fn cancel_receive_now(token: reactor::Token) {
             return;
         }
         for _ in 0..ENTER_RETRIES {
-            if enter(&mut batch.ring, Wait::For(-1), 1).is_err() {
+            if enter(&mut batch.ring, Wait::For(CANCEL_WAIT_MS), 0).is_err() {
                 return;
             }
             reap(&mut batch.ring, &[], None);
@@ -461,10 +465,17 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], wait: Wait) -> bool {
             // SAFETY: the buffer stays alive and unchanged until this entry's completion
             // is taken below, before this function returns (or, if the kernel never
             // answers, for ever: `abandon`): nothing else runs meanwhile on this thread,
-            // and the list holds the connection. A chunk of sends always fits beside
-            // what `arm` queued.
+            // and the list holds the connection. A chunk of sends fits beside what
+            // `arm` queued; should it not, nothing of the chunk is submitted (the ring
+            // is given up with the entries still queued) and each connection sends
+            // its bytes itself.
             if unsafe { sq.push(&entry) }.is_err() {
-                unreachable!("a chunk fits the ring");
+                drop(unsent);
+                drop(sq);
+                for s in sends {
+                    stall(s);
+                }
+                return false;
             }
             pushed.set(i);
             expected += 1;
@@ -473,9 +484,9 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], wait: Wait) -> bool {
     if wait == Wait::No && ring.submission().is_empty() {
         return true;
     }
-    // Submit (and wait). Nothing reached the kernel if this fails, and the ring (with
-    // the entries still in it) is dropped by the caller, so the connections send for
-    // themselves.
+    // Submit (and wait). Nothing reached the kernel if this fails (the entries stay
+    // queued, and `give_up` drops the ring without entering it again), so the
+    // connections send for themselves.
     if let Err(e) = enter(ring, wait, expected) {
         tracing::warn!("io_uring_enter failed: {e}");
         for s in sends {
@@ -523,12 +534,17 @@ fn submit(ring: &mut IoUring, sends: &[Rc<Stream>], wait: Wait) -> bool {
             }
         }
     }
-    while answers.left > 0 {
-        if enter(ring, Wait::For(-1), 1).is_err() {
-            give_up(&answers);
+    for _ in 0..ENTER_RETRIES {
+        if answers.left == 0 {
             return false;
         }
+        if enter(ring, Wait::For(CANCEL_WAIT_MS), 0).is_err() {
+            break;
+        }
         reap(ring, sends, Some(&mut answers));
+    }
+    if answers.left > 0 {
+        give_up(&answers);
     }
     false
 }
@@ -611,6 +627,8 @@ fn enter(ring: &mut IoUring, wait: Wait, sends: usize) -> std::io::Result<()> {
                 tries += 1;
             }
             Err(e) => return Err(e),
+            // The kernel took less than all (it then does not wait): enter again.
+            Ok(()) if !ring.submission().is_empty() => tries += 1,
             Ok(()) => return Ok(()),
         }
         if tries > ENTER_RETRIES {
@@ -627,7 +645,13 @@ fn enter(ring: &mut IoUring, wait: Wait, sends: usize) -> std::io::Result<()> {
 fn give_up(guard: &mut std::cell::RefMut<'_, Option<Batch>>) {
     tracing::warn!("io_uring stopped working on this thread; it waits on epoll, and writes and reads sockets one by one from now on");
     record_error("io_uring failed at run time (see the log)");
-    if let Some(batch) = guard.as_mut() {
+    // Entries still queued (a failed submission) would go with any further enter, sends
+    // included, which their connections now send themselves: so the ring is entered
+    // again only if its queue is empty.
+    if let Some(batch) = guard
+        .as_mut()
+        .filter(|b| unsafe { b.ring.submission_shared() }.is_empty())
+    {
         let armed = reactor::armed_receives();
         let mut cancelled = true;
         for token in &armed {
@@ -647,7 +671,7 @@ fn give_up(guard: &mut std::cell::RefMut<'_, Option<Batch>>) {
             if !cancelled || reactor::armed_receives().is_empty() {
                 break;
             }
-            if enter(&mut batch.ring, Wait::For(-1), 1).is_err() {
+            if enter(&mut batch.ring, Wait::For(CANCEL_WAIT_MS), 0).is_err() {
                 break;
             }
             reap(&mut batch.ring, &[], None);

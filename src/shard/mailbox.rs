@@ -177,6 +177,11 @@ pub fn before_park(yields: u32) {
         let Some((mailbox, waker)) = own.as_ref() else {
             return;
         };
+        if yields > 0 {
+            // The pass's replies leave before the core is given away, not after the
+            // yield (a ring that waits would send them with its wait).
+            crate::net::uring::flush();
+        }
         for _ in 0..yields {
             if mailbox.has_mail() {
                 waker.wake_by_ref();

@@ -194,7 +194,7 @@ pub(crate) type Token = u64;
 /// Builds a receive for every socket whose reader asked for one since the last pass, and
 /// hands each to `push` with its token. Called by `uring` while it fills the pass's
 /// submission; the buffers stay untouched until `received` (or for ever if the ring
-/// fails to give one back: `abandon_receives`).
+/// fails to give one back: `leave_ring`).
 pub(crate) fn receives_to_arm(push: &mut dyn FnMut(io_uring::squeue::Entry, Token)) -> usize {
     let asked = TO_ARM.with(|t| std::mem::take(&mut *t.borrow_mut()));
     let mut armed = 0;
@@ -264,11 +264,18 @@ pub(crate) fn received(token: Token, result: i32) {
             slot.ready.set(slot.ready.get() | READABLE);
         }
         crate::net::count(|c| c.reads_ahead += 1);
-    } else if result == 0 || result != -libc::ECANCELED {
+    } else if result == 0
+        || !matches!(
+            -result,
+            libc::ECANCELED | libc::EAGAIN | libc::EINTR | libc::ENOBUFS | libc::ENOMEM
+        )
+    {
         // The end of the stream, or an error (reported once): the reader's own read
         // finds the end and closes.
         slot.ready.set(slot.ready.get() | READABLE | READ_CLOSED);
     }
+    // Otherwise nothing was read and nothing is wrong with the socket: the woken reader
+    // finds nothing to take and asks for another receive.
     slot.wake_reader();
 }
 

@@ -213,7 +213,7 @@ pub(super) fn advance() {
     }
 }
 
-/// The loop's `epoll_wait` timeout: until the earliest timer, or -1 for none.
+/// How long the loop may wait (its `io_uring_enter` or `epoll_wait`): until the earliest timer, or -1 for none.
 pub(super) fn next_timeout_ms() -> i32 {
     WHEEL.with_borrow_mut(|w| {
         let Some(w) = w.as_mut() else { return -1 };
