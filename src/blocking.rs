@@ -1628,12 +1628,7 @@ async fn wait(
     sess.worker.clients.borrow_mut().blocked += 1;
     let deadline = timeout.map(|t| std::time::Instant::now() + t);
     let stream = sess.stream.clone();
-    let max_held = sess
-        .worker
-        .shared
-        .tunables
-        .query_buffer_limit
-        .load(Ordering::Relaxed);
+    let max_held = sess.query_buffer_limit();
     let result = loop {
         let sleep = async {
             match deadline {

@@ -553,12 +553,7 @@ async fn wait_for_acks(
     let deadline =
         (timeout_ms > 0).then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms));
     let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
-    let max_held = sess
-        .worker
-        .shared
-        .tunables
-        .query_buffer_limit
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let max_held = sess.query_buffer_limit();
     loop {
         // Registered before counting, so an ACK between the count and the wait wakes it.
         let acked = shared.repl.acked.notified();

@@ -541,7 +541,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => {
                     sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64;
-                    let limit = sess.worker.shared.tunables.query_buffer_limit.load(Ordering::Relaxed);
+                    let limit = sess.query_buffer_limit();
                     if rbuf.len() > limit {
                         QBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(

@@ -100,6 +100,16 @@ pub struct Session {
 }
 
 impl Session {
+    /// `client-query-buffer-limit`: input a client may have waiting before it is closed
+    /// (its own buffer, or what is held while a command of its waits).
+    pub fn query_buffer_limit(&self) -> usize {
+        self.worker
+            .shared
+            .tunables
+            .query_buffer_limit
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A session with no client behind it (the AOF replay).
     pub fn detached(worker: &Rc<Worker>, id: u64) -> Session {
         use crate::shard::clients::{ClientHandle, ClientInfo};
