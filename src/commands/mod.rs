@@ -868,7 +868,7 @@ async fn run_on_shard(
     } else {
         worker.shard.borrow_mut().stats.one_hop += 1;
     }
-    let mut cmds = std::collections::VecDeque::with_capacity(1);
+    let mut cmds = crate::shard::hops::cmds();
     cmds.push_back((cmd, args));
     let spec = BatchSpec {
         db: sess.db,
@@ -881,6 +881,7 @@ async fn run_on_shard(
     let result = run_batch_on(&worker, target, cmds, spec).await;
     crate::shard::settle(result.settle).await;
     sess.out.buf.extend_from_slice(&result.out.buf);
+    crate::shard::hops::recycle(result.out.buf, result.rest);
 }
 
 /// Logs a command that changed state outside the shards (FUNCTION LOAD...), or that ran

@@ -1,7 +1,6 @@
 //! One client connection: read, parse, run (squashing pipelined runs bound for one other
 //! shard into one message), write; and migration to the thread its keys live on.
 
-use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
@@ -807,7 +806,7 @@ async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
         }
         if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
             let cmd = cmd.expect("squashable commands are known");
-            let mut batch = VecDeque::new();
+            let mut batch = crate::shard::hops::cmds();
             sess.note_command(cmd, &args);
             sess.asking = false;
             batch.push_back((cmd, args));
@@ -865,6 +864,7 @@ async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
                     return;
                 }
                 if result.rest.is_empty() {
+                    crate::shard::hops::recycle(result.out.buf, result.rest);
                     break;
                 }
                 batch = result.rest;

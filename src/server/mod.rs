@@ -171,9 +171,7 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
             match mail {
                 Mail::Run(f) => f(worker),
                 Mail::Batch(b) => run_batch(worker, b),
-                Mail::Done(tx, result) => {
-                    let _ = tx.send(result);
-                }
+                Mail::Done(slot, result) => crate::shard::hops::deliver(slot, result),
             }
             ran += 1;
             if ran == MAIL_PER_TURN {

@@ -6,6 +6,7 @@
 
 pub mod clients;
 pub mod evict;
+pub mod hops;
 pub mod locks;
 pub mod logs;
 pub mod mailbox;
@@ -60,7 +61,9 @@ pub type Msg = Box<dyn FnOnce(&Rc<Worker>) + Send>;
 pub enum Mail {
     Run(Msg),
     Batch(Batch),
-    Done(oneshot::Sender<BatchResult>, BatchResult),
+    /// A batch's result for the slot it was sent from (`hops`); `None` when the batch
+    /// was lost.
+    Done(u32, Option<BatchResult>),
 }
 
 /// State shared by all threads. Nothing here is keyspace data.
@@ -134,12 +137,8 @@ impl Shared {
     }
 
     /// `answer` for a batch's result.
-    pub fn answer_batch(&self, to: usize, tx: oneshot::Sender<BatchResult>, result: BatchResult) {
-        if crate::shard::current_thread() == Some(to) {
-            let _ = tx.send(result);
-            return;
-        }
-        self.mailbox(to).push(Mail::Done(tx, result));
+    pub fn answer_batch(&self, to: usize, ticket: hops::Ticket, result: BatchResult) {
+        ticket.answer(result, crate::shard::current_thread() == Some(to));
     }
 
     pub fn mailbox(&self, target: usize) -> &Arc<mailbox::Mailbox> {
@@ -1048,7 +1047,7 @@ pub struct Batch {
     pub client_id: u64,
     pub no_touch: bool,
     pub reader: Option<crate::tracking::Reader>,
-    pub cmds: VecDeque<(&'static Command, Vec<Bytes>)>,
+    pub cmds: hops::Cmds,
     pub out: Reply,
     /// EXEC on one shard: wait until every key of every command is free, then run them all
     /// at once, unless a watched key changed.
@@ -1056,10 +1055,10 @@ pub struct Batch {
     /// Sent by a connection of another thread: events go back with the replies.
     pub remote: bool,
     pub events: Vec<KeyEvent>,
-    /// The thread whose connection waits on `done`: the result travels through its
-    /// mailbox (`Shared::answer`).
+    /// The thread whose connection waits on `done`: the result goes into its table
+    /// directly when the batch ran there, through its mailbox otherwise (`hops`).
     pub from: usize,
-    pub done: oneshot::Sender<BatchResult>,
+    pub done: hops::Ticket,
 }
 
 /// What EXEC checks before it runs: the connection's dirty flag and its watched keys.
@@ -1076,7 +1075,7 @@ pub struct BatchResult {
     pub aborted: bool,
     /// Commands of a pipelined batch left for a later batch once its replies grew past
     /// `BATCH_REPLY_LIMIT`, so a pipeline of large replies is written out in parts.
-    pub rest: VecDeque<(&'static Command, Vec<Bytes>)>,
+    pub rest: hops::Cmds,
     /// Blocked moves the batch set off on other shards, to wait for before answering.
     pub settle: Vec<oneshot::Receiver<()>>,
 }
@@ -1332,22 +1331,22 @@ pub struct BatchSpec {
 pub async fn run_batch_on(
     worker: &Rc<Worker>,
     target: usize,
-    cmds: VecDeque<(&'static Command, Vec<Bytes>)>,
+    cmds: hops::Cmds,
     spec: BatchSpec,
 ) -> BatchResult {
-    let (tx, rx) = oneshot::channel();
+    let (ticket, answer) = hops::open(&worker.mailbox);
     let batch = Batch {
         db: spec.db,
         client_id: spec.client_id,
         no_touch: spec.no_touch,
         reader: spec.reader,
         cmds,
-        out: Reply::new(spec.resp3),
+        out: Reply::with_buf(hops::reply_buffer(), spec.resp3),
         atomic: spec.atomic,
         remote: target != worker.id,
         events: Vec::new(),
         from: worker.id,
-        done: tx,
+        done: ticket,
     };
     if target == worker.id {
         run_batch(worker, batch);
@@ -1355,7 +1354,7 @@ pub async fn run_batch_on(
         worker.shard.borrow_mut().stats.hops += 1;
         worker.shared.mailbox(target).push(Mail::Batch(batch));
     }
-    let result = rx.await.expect("shard thread stopped");
+    let result = answer.await.expect("shard thread stopped");
     for (db, event, key) in &result.events {
         crate::pubsub::publish_event(worker, *db, event, key);
     }
