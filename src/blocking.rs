@@ -1654,7 +1654,14 @@ async fn wait(
                 }
             }
             _ = sleep => Some(Ended::Timeout),
-            _ = stream_io::gone(stream.as_deref(), max_held) => Some(Ended::ClientGone),
+            over = stream_io::gone(stream.as_deref(), max_held) => {
+                // Closed below (`close_after_reply`) rather than by its own read, which
+                // counts and logs such a close: done here instead.
+                if let Some(first_bytes) = over {
+                    crate::server::conn::closing_for_query_buffer(sess, &first_bytes);
+                }
+                Some(Ended::ClientGone)
+            }
         };
         let Some(ended) = ended else {
             continue;

@@ -716,4 +716,10 @@ fn input_behind_a_blocked_pop_is_bounded_by_the_query_buffer_limit() {
         Resp::Integer(1)
     );
     assert_eq!(admin.cmd(&["LLEN", "bounded:list"]), Resp::Integer(1));
+    // Counted as any client closed for its query buffer (Redis counts wherever it closes one).
+    let stats = admin.cmd(&["INFO", "stats"]).as_string().unwrap();
+    assert!(
+        stats.contains("client_query_buffer_limit_disconnections:1\r\n"),
+        "INFO stats after one blocked client passed the limit: {stats}"
+    );
 }

@@ -235,20 +235,24 @@ impl Stream {
     /// blocked one) is kept, in order, for the next `read_some`, up to `max_held` bytes:
     /// past that the client counts as gone (its query buffer limit), so a client cannot
     /// make the server buffer without end. Dropping the future loses nothing: bytes are
-    /// moved into the stream in the same step they are read.
-    pub async fn gone(&self, max_held: usize) {
+    /// moved into the stream in the same step they are read. Returns the first bytes
+    /// held when the client went past `max_held` (for the log), `None` when it left.
+    pub async fn gone(&self, max_held: usize) -> Option<Vec<u8>> {
         loop {
-            if self.held.borrow().len() > max_held {
-                return;
+            {
+                let held = self.held.borrow();
+                if held.len() > max_held {
+                    return Some(held[..held.len().min(64)].to_vec());
+                }
             }
             // Wait without a buffer: most waiting clients send nothing until answered.
             if self.tls.is_none() && self.tcp.readable().await.is_err() {
-                return;
+                return None;
             }
             let mut got = BytesMut::new();
             // Past what is held already: the socket's (or the read-ahead's) next bytes.
             match self.read_unheld(&mut got).await {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return None,
                 Ok(_) => self.held.borrow_mut().extend_from_slice(&got),
             }
         }

@@ -18,8 +18,9 @@ pub async fn read_some(stream: Option<&Stream>, buf: &mut BytesMut) -> io::Resul
 
 /// Completes when the client has left (closed or failed) or has sent more than
 /// `max_held` bytes meanwhile; what it sends waits in the stream for the connection's
-/// next read. Never, without a socket (the AOF replay).
-pub async fn gone(stream: Option<&Stream>, max_held: usize) {
+/// next read. Never, without a socket (the AOF replay). In the second case, returns the
+/// first bytes held, for the log line of a client closed for its query buffer.
+pub async fn gone(stream: Option<&Stream>, max_held: usize) -> Option<Vec<u8>> {
     match stream {
         Some(s) => s.gone(max_held).await,
         None => std::future::pending().await,

@@ -542,12 +542,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                     sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64;
                     let limit = sess.query_buffer_limit();
                     if rbuf.len() > limit {
-                        QBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
-                            "Closing client that reached max query buffer length: {} (qbuf initial bytes: {:?})",
-                            sess.handle.line(unix_ms()),
-                            String::from_utf8_lossy(&rbuf[..rbuf.len().min(64)])
-                        );
+                        closing_for_query_buffer(sess, &rbuf[..rbuf.len().min(64)]);
                         return Exit::Closed;
                     }
                 }
@@ -561,6 +556,18 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
 /// Connections closed for passing `client-output-buffer-limit` (INFO's
 /// client_output_buffer_limit_disconnections).
 pub static OBUF_DISCONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts and logs a client about to be closed for passing `client-query-buffer-limit`,
+/// wherever that is noticed (its own reads, or while a command of its waits), as Redis
+/// counts and logs every such close.
+pub fn closing_for_query_buffer(sess: &Session, first_bytes: &[u8]) {
+    QBUF_DISCONNECTIONS.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        "Closing client that reached max query buffer length: {} (qbuf initial bytes: {:?})",
+        sess.handle.line(unix_ms()),
+        String::from_utf8_lossy(first_bytes)
+    );
+}
 
 /// Connections closed for passing `client-query-buffer-limit`.
 pub static QBUF_DISCONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
