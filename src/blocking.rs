@@ -1657,7 +1657,9 @@ async fn wait(
             over = stream_io::gone(stream.as_deref(), max_held) => {
                 // Closed below (`close_after_reply`) rather than by its own read, which
                 // counts and logs such a close: done here instead.
-                if let Some(first_bytes) = over {
+                // Once per client: blocking commands pipelined behind this one meet the
+                // same held bytes before the connection closes.
+                if let (Some(first_bytes), false) = (over, sess.close_after_reply) {
                     crate::server::conn::closing_for_query_buffer(sess, &first_bytes);
                 }
                 Some(Ended::ClientGone)

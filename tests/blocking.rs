@@ -696,7 +696,11 @@ fn input_behind_a_blocked_pop_is_bounded_by_the_query_buffer_limit() {
     );
     let mut a = s.client();
     a.set_timeout(Some(Duration::from_secs(20)));
-    a.send(&["BLPOP", "bounded:list", "0"]);
+    // Two pops in one write: the second meets the same held bytes when the first ends,
+    // and the close must still be counted once.
+    let mut pops = common::encode_command(&["BLPOP", "bounded:list", "0"]);
+    pops.extend(common::encode_command(&["BLPOP", "bounded:other", "0"]));
+    a.try_send_raw(&pops).unwrap();
     wait_blocked(&mut admin, 1);
     // 4 MiB behind the blocked pop, in pieces; the server may close while this writes.
     let chunk = common::encode_command(&["SET", "bounded:x", &"z".repeat(64 * 1024)]);

@@ -213,6 +213,7 @@ impl Future for Answer {
     type Output = Option<BatchResult>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        debug_assert!(!self.finished, "an answer is taken once");
         let slot = self.slot;
         let out = PENDING.with(|p| {
             let mut p = p.borrow_mut();

@@ -136,7 +136,8 @@ impl Shared {
         self.mailbox(target).push(Mail::Run(msg));
     }
 
-    /// `answer` for a batch's result.
+    /// Hands a batch's result to the connection on thread `to` that waits for it
+    /// (`hops::Ticket::answer`).
     pub fn answer_batch(&self, to: usize, ticket: hops::Ticket, result: BatchResult) {
         ticket.answer(result, crate::shard::current_thread() == Some(to));
     }
