@@ -786,10 +786,11 @@ const PREFETCH_KEY_MAX: usize = 128;
 /// (at depth 16 they were a fifth of the server's CPU: BENCHMARKS.md, "Prefetching a
 /// pipelined group's keys"). The first argument after the name stands for the key without
 /// looking the command up: for most keyed commands it is the key, and where it is not, the
-/// prefetch is only wasted. It stops at the first key of another thread's shard: the group
-/// waits there for that shard's replies, and while it waits other connections run and
-/// evict what was loaded (measured: with that run ahead too, SET at depth 16 on two
-/// threads cost 11% more instead of less).
+/// prefetch is only wasted. It stops at the first such argument that maps to another
+/// thread's shard (or whose round-robin tag has no shard yet: looking places nothing,
+/// `Placement::shard_if_placed`): the group waits there for that shard's replies, and while
+/// it waits other connections run and evict what was loaded (measured: with that run ahead
+/// too, SET at depth 16 on two threads cost 11% more instead of less).
 fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
     let Ok(shard) = sess.worker.shard.try_borrow() else {
         return;
@@ -797,10 +798,10 @@ fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
     let Some(db) = shard.dbs.get(sess.db) else {
         return;
     };
-    let one_shard = sess.worker.nshards() == 1;
+    let placement = &sess.worker.shared.placement;
     for c in cmds {
         if let Some(key) = c.get(1).filter(|k| k.len() <= PREFETCH_KEY_MAX) {
-            if !one_shard && sess.worker.shard_of(key) != sess.worker.id {
+            if placement.shard_if_placed(key) != Some(sess.worker.id) {
                 return;
             }
             db.table.prefetch(key);

@@ -182,6 +182,25 @@ impl Placement {
         self.owner[slot_of_tag(tag)] as usize
     }
 
+    /// `shard_of` for a hint (the prefetch of a pipelined group): the same answer where
+    /// the key's shard is already settled, and `None` for a round-robin tag this thread
+    /// has not placed yet. Looking must not place it: `shard_of` hands such tags shards in
+    /// first-use order, so an argument merely looked at (a channel, a name) would shift
+    /// every queue placed after it, and would take the assignment lock.
+    #[inline]
+    pub fn shard_if_placed(&self, key: &[u8]) -> Option<usize> {
+        if self.nshards == 1 {
+            return Some(0);
+        }
+        let tag = self.tag(key);
+        if let Some(prefix) = &self.rr_prefix {
+            if tag.len() < key.len() && tag.starts_with(prefix) {
+                return RR_CACHE.with(|c| c.borrow().get(tag).copied());
+            }
+        }
+        Some(self.owner[slot_of_tag(tag)] as usize)
+    }
+
     fn round_robin(&self, tag: &[u8]) -> usize {
         if let Some(s) = RR_CACHE.with(|c| c.borrow().get(tag).copied()) {
             return s;
@@ -275,5 +294,18 @@ mod tests {
             .collect();
         assert_eq!(shards, vec![0, 1, 2, 3, 0, 1, 2, 3]);
         assert_eq!(p.shard_of(b"other:{q2}"), 2);
+    }
+
+    /// Looking a key up for a hint places nothing: the queues placed afterwards get the
+    /// shards they would have had.
+    #[test]
+    fn a_hint_lookup_places_no_round_robin_tag() {
+        let p = Placement::new(4, Some(b"q".to_vec()));
+        assert_eq!(p.shard_if_placed(b"queue:{qa}"), None);
+        assert_eq!(p.shard_if_placed(b"chan:{qb}"), None);
+        assert_eq!(p.shard_of(b"queue:{qc}"), 0);
+        assert_eq!(p.shard_of(b"queue:{qd}"), 1);
+        assert_eq!(p.shard_if_placed(b"other:{qc}"), Some(0));
+        assert_eq!(p.shard_if_placed(b"plain"), Some(p.shard_of(b"plain")));
     }
 }
