@@ -11,6 +11,7 @@
 //!   `park-yields` 0, 1 and 4, cross-thread commands, MSET/MGET, MULTI/EXEC and blocking
 //!   pops served by pushes from other clients, every reply checked;
 //! - the `park-yields` setting (flag and CONFIG GET/SET, range 0..=64);
+//! - hops that wait together for a busy thread go home as one push (`mailbox_pushes`);
 //! - replies sent in batches through io_uring ("Replies of one pass in one system
 //!   call"): the `event-loop` setting and its INFO fields and counters, order across a
 //!   reader that stalls (short sends), small and large groups, pushes, blocking
@@ -875,6 +876,56 @@ fn cross_thread_round_trips(c: &mut Client, tag: &str) {
         Resp::Array(vec![bulk("0"), bulk("1")])
     );
     assert_eq!(c.cmd(&["INCR", &keys[1]]), Resp::Integer(2));
+}
+
+/// Hops that reach a thread while it is busy wait in its mailbox together; when it runs
+/// them, their results go home as one push per thread (docs/event-loop.md, "Hops of a
+/// pass travel together"), so INFO's `mailbox_pushes` falls below `mailbox_messages`,
+/// and every client still gets its own replies in order.
+#[test]
+fn results_of_hops_run_together_go_home_as_one_push() {
+    let s = KiteServer::start(&[], 2);
+    let mut admin = client(&s);
+    let keys = keys_on_each_shard("outbox:", 2);
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(admin.cmd(&["SET", k, &i.to_string()]), Resp::ok());
+    }
+    let pipeline: Vec<u8> = [
+        encode_command(&cmd(&["GET", &keys[0]])),
+        encode_command(&cmd(&["GET", &keys[1]])),
+    ]
+    .concat();
+    // A thread asleep in DEBUG SLEEP cannot take its mail: the clients on the other
+    // thread each send it a hop (whichever thread sleeps, one of the two GETs is for its
+    // shard), and they all wait there until it wakes. A second try covers a sleep that
+    // began only after the clients' hops had been served.
+    for attempt in 0..3 {
+        let messages = info_int(&mut admin, "transactions", "mailbox_messages");
+        let pushes = info_int(&mut admin, "transactions", "mailbox_pushes");
+        let mut sleeper = client(&s);
+        sleeper.send_raw(&encode_command(&cmd(&["DEBUG", "SLEEP", "1"])));
+        thread::sleep(Duration::from_millis(100));
+        let mut clients: Vec<Client> = (0..8).map(|_| client(&s)).collect();
+        for c in &mut clients {
+            c.send_raw(&pipeline);
+        }
+        for (i, c) in clients.iter_mut().enumerate() {
+            assert_eq!(c.read(), bulk("0"), "client {i}, GET of the key on shard 0");
+            assert_eq!(c.read(), bulk("1"), "client {i}, GET of the key on shard 1");
+        }
+        assert_eq!(sleeper.read(), Resp::ok());
+        let messages = info_int(&mut admin, "transactions", "mailbox_messages") - messages;
+        let pushes = info_int(&mut admin, "transactions", "mailbox_pushes") - pushes;
+        assert!(
+            pushes <= messages,
+            "{pushes} pushes for {messages} messages"
+        );
+        if pushes < messages {
+            return;
+        }
+        eprintln!("try {attempt}: {messages} messages in as many pushes; again");
+    }
+    panic!("hops that waited together for a sleeping thread never went home together");
 }
 
 #[test]

@@ -418,7 +418,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
@@ -432,6 +432,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
             sum(20),
             sum(21),
             mailbox_sum(&worker.shared, |m| &m.messages),
+            mailbox_sum(&worker.shared, |m| &m.pushes),
             mailbox_sum(&worker.shared, |m| &m.wakeups),
             loop_sum(|c| c.passes),
             loop_sum(|c| c.visits),

@@ -79,6 +79,9 @@ pub fn serve(worker: &Rc<Worker>) {
         }
     });
     answer_mailbox(worker);
+    // The loop's pass does not end while the script runs: what it held for other
+    // threads (the BUSY answers above among it) leaves now.
+    crate::shard::mailbox::flush_outbox();
     let Ok(clients) = worker.clients.try_borrow() else {
         return;
     };

@@ -136,8 +136,10 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
         let worker = worker.clone();
         crate::net::event_loop::spawn_local(async move { serve_mailbox(&worker).await });
     }
+    crate::shard::mailbox::open_outbox(id, shared.mailboxes.get().expect("mailboxes set"));
     let parking = shared;
     event_loop.run(crate::net::event_loop::Parking {
+        end_of_run: Box::new(crate::shard::mailbox::flush_outbox),
         before: Box::new(move || {
             // With one thread there is no answer from another thread to wait for.
             let yields = if parking.nshards() > 1 {
@@ -175,10 +177,15 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
             }
             ran += 1;
             if ran == MAIL_PER_TURN {
+                crate::shard::mailbox::flush_outbox();
                 tokio::task::yield_now().await;
                 ran = 0;
             }
         }
+        // The results of the batches just run leave now, each thread's as one push,
+        // rather than after the rest of the pass's tasks (a long command among them would
+        // hold them).
+        crate::shard::mailbox::flush_outbox();
         std::future::poll_fn(|cx| {
             if worker.mailbox.has_mail() || !worker.deferred.borrow().is_empty() {
                 return std::task::Poll::Ready(());

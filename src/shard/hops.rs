@@ -103,6 +103,7 @@ pub fn recycle(mut reply: BytesMut, cmds: Cmds) {
 /// when the channel's sender was dropped.
 pub struct Ticket {
     home: Arc<Mailbox>,
+    home_thread: usize,
     slot: u32,
     answered: bool,
 }
@@ -115,7 +116,12 @@ impl Ticket {
         if here {
             deliver(self.slot, Some(result));
         } else {
-            self.home.push(Mail::Done(self.slot, Some(result)));
+            // With this pass's other results for that thread.
+            super::mailbox::post(
+                self.home_thread,
+                &self.home,
+                Mail::Done(self.slot, Some(result)),
+            );
         }
     }
 }
@@ -128,8 +134,9 @@ impl Drop for Ticket {
     }
 }
 
-/// Opens a slot for a batch about to be sent from this thread, whose mailbox is `home`.
-pub fn open(home: &Arc<Mailbox>) -> (Ticket, Answer) {
+/// Opens a slot for a batch about to be sent from this thread, number `home_thread`,
+/// whose mailbox is `home`.
+pub fn open(home: &Arc<Mailbox>, home_thread: usize) -> (Ticket, Answer) {
     let slot = PENDING.with(|p| {
         let mut p = p.borrow_mut();
         match p.free.pop() {
@@ -146,6 +153,7 @@ pub fn open(home: &Arc<Mailbox>) -> (Ticket, Answer) {
     (
         Ticket {
             home: home.clone(),
+            home_thread,
             slot,
             answered: false,
         },
@@ -315,7 +323,7 @@ mod tests {
         let home = Arc::new(Mailbox::default());
         let count = Arc::new(Count(0.into()));
         let waker = Waker::from(count.clone());
-        let (ticket, mut answer) = open(&home);
+        let (ticket, mut answer) = open(&home, 0);
         assert!(poll(&mut answer, &waker).is_pending());
         std::thread::spawn(move || ticket.answer(result(b"+OK\r\n"), false))
             .join()
@@ -336,7 +344,7 @@ mod tests {
     fn a_batch_lost_on_the_other_thread_ends_the_wait() {
         let home = Arc::new(Mailbox::default());
         let waker = Waker::from(Arc::new(Count(0.into())));
-        let (ticket, mut answer) = open(&home);
+        let (ticket, mut answer) = open(&home, 0);
         assert!(poll(&mut answer, &waker).is_pending());
         std::thread::spawn(move || drop(ticket)).join().unwrap();
         run_mail(&home);
@@ -346,14 +354,14 @@ mod tests {
     #[test]
     fn a_slot_whose_connection_left_is_reused_once_its_result_comes() {
         let home = Arc::new(Mailbox::default());
-        let (ticket, answer) = open(&home);
+        let (ticket, answer) = open(&home, 0);
         let slot = ticket.slot;
         drop(answer);
         ticket.answer(result(b"+late\r\n"), false);
-        let (other, _waiting) = open(&home);
+        let (other, _waiting) = open(&home, 0);
         assert_ne!(other.slot, slot, "still taken until the result comes");
         run_mail(&home);
-        let (again, _answer) = open(&home);
+        let (again, _answer) = open(&home, 0);
         assert_eq!(again.slot, slot);
         for t in [other, again] {
             t.answer(result(b""), true);

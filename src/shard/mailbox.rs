@@ -14,6 +14,10 @@
 //! and the queue head: of "sender pushed, then read the flag" and "thread raised the
 //! flag, then read the queue", at least one sees the other.
 //!
+//! Hops and their results do not even cost a push each: a loop thread holds them in its
+//! outbox until its pass's tasks have run, then sends each thread its share as one push
+//! (`post`, `flush_outbox`).
+//!
 //! The thread's loop (`net::event_loop`) calls `before_park` when it runs out of work and
 //! `after_unpark` when it wakes; the wake is the mailbox task's waker, which reaches a
 //! sleeping loop through its eventfd: the only system call a sleep costs a sender.
@@ -26,8 +30,15 @@ use std::task::Waker;
 
 use super::Mail;
 
+/// What one push carries: a message, or the messages one thread queued for this one
+/// during a pass (`post`), in order.
+enum Parcel<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
 struct Node<T> {
-    mail: T,
+    parcel: Parcel<T>,
     next: *mut Node<T>,
 }
 
@@ -43,6 +54,9 @@ pub struct Mailbox<T = Mail> {
     pub wakeups: AtomicU64,
     /// Messages pushed (INFO's `kite_mailbox_messages`).
     pub messages: AtomicU64,
+    /// Pushes, a pass's bundle counting once (INFO's `mailbox_pushes`): fewer than
+    /// `messages` by what the outbox saved.
+    pub pushes: AtomicU64,
 }
 
 // SAFETY: nodes are reached only through `head`; a node belongs to the stack from its
@@ -59,6 +73,7 @@ impl<T> Default for Mailbox<T> {
             waker: Mutex::new(None),
             wakeups: AtomicU64::new(0),
             messages: AtomicU64::new(0),
+            pushes: AtomicU64::new(0),
         }
     }
 }
@@ -66,8 +81,21 @@ impl<T> Default for Mailbox<T> {
 impl<T> Mailbox<T> {
     /// Queues `mail`; wakes the owning thread only if it is asleep.
     pub fn push(&self, mail: T) {
+        self.push_parcel(Parcel::One(mail), 1);
+    }
+
+    /// Queues `mails` in order, as one push: one node, one exchange, at most one wake-up.
+    pub fn push_all(&self, mut mails: Vec<T>) {
+        match mails.len() {
+            0 => {}
+            1 => self.push(mails.pop().expect("one message")),
+            n => self.push_parcel(Parcel::Many(mails), n as u64),
+        }
+    }
+
+    fn push_parcel(&self, parcel: Parcel<T>, count: u64) {
         let node = Box::into_raw(Box::new(Node {
-            mail,
+            parcel,
             next: ptr::null_mut(),
         }));
         let mut head = self.head.load(Ordering::Relaxed);
@@ -82,7 +110,8 @@ impl<T> Mailbox<T> {
                 Err(now) => head = now,
             }
         }
-        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.messages.fetch_add(count, Ordering::Relaxed);
+        self.pushes.fetch_add(1, Ordering::Relaxed);
         if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
             self.wakeups.fetch_add(1, Ordering::Relaxed);
             let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -105,7 +134,11 @@ impl<T> Mailbox<T> {
             // SAFETY: the swap made this chain ours alone; each node was boxed by `push`.
             let boxed = unsafe { Box::from_raw(node) };
             node = boxed.next;
-            into.push_back(boxed.mail);
+            match boxed.parcel {
+                Parcel::One(mail) => into.push_back(mail),
+                // Backwards, like the chain: the reverse below puts them in order.
+                Parcel::Many(mails) => into.extend(mails.into_iter().rev()),
+            }
         }
         // Taken newest first: put this batch back in sending order.
         into.make_contiguous()[start..].reverse();
@@ -143,6 +176,71 @@ impl<T> Drop for Mailbox<T> {
 thread_local! {
     /// This thread's own mailbox and its future's waker, for the park hooks.
     static OWN: RefCell<Option<(Arc<Mailbox>, Waker)>> = const { RefCell::new(None) };
+}
+
+/// Mail a loop thread queued during its pass for the other threads: each thread's share
+/// leaves as one push when the pass's tasks have run (`flush_outbox`, called by the
+/// loop before it looks at its sockets or sleeps), the way the pass's replies leave
+/// together. Only hops and their results go this way (`post`): their senders wait for
+/// the answer by yielding to the loop, so nothing waits on mail still held here. Every
+/// other send (`Shared::send`) flushes the outbox first and goes at once, because some
+/// of its callers then wait for it without yielding (`sync_call`), and so that what one
+/// thread sends still arrives in the order it was sent.
+struct Outbox {
+    own: usize,
+    to: Vec<(Arc<Mailbox>, Vec<Mail>)>,
+    /// The threads with mail held, in the order they were first written to this pass.
+    held_for: Vec<usize>,
+}
+
+thread_local! {
+    static OUTBOX: RefCell<Option<Outbox>> = const { RefCell::new(None) };
+}
+
+/// Makes this thread, number `own`, hold its hops for the end of each pass. Called once
+/// by a shard thread before its loop starts; elsewhere `post` pushes at once.
+pub fn open_outbox(own: usize, mailboxes: &[Arc<Mailbox>]) {
+    OUTBOX.with(|o| {
+        *o.borrow_mut() = Some(Outbox {
+            own,
+            to: mailboxes.iter().map(|m| (m.clone(), Vec::new())).collect(),
+            held_for: Vec::new(),
+        })
+    });
+}
+
+/// Sends `mail` to thread `to`, whose mailbox is `mailbox`: with the rest of this pass's
+/// mail for it on a loop thread, at once anywhere else (and to this thread itself).
+pub fn post(to: usize, mailbox: &Mailbox, mail: Mail) {
+    let mut mail = Some(mail);
+    // `try_with`: a ticket dropped while the thread is torn down still gets through.
+    let _ = OUTBOX.try_with(|o| {
+        let mut o = o.borrow_mut();
+        if let Some(ob) = o.as_mut().filter(|ob| ob.own != to && to < ob.to.len()) {
+            let held = &mut ob.to[to].1;
+            if held.is_empty() {
+                ob.held_for.push(to);
+            }
+            held.extend(mail.take());
+        }
+    });
+    if let Some(mail) = mail {
+        mailbox.push(mail);
+    }
+}
+
+/// Sends what this thread's pass held back (`post`), each thread's share as one push.
+pub fn flush_outbox() {
+    let _ = OUTBOX.try_with(|o| {
+        let mut o = o.borrow_mut();
+        let Some(Outbox { to, held_for, .. }) = o.as_mut() else {
+            return;
+        };
+        for t in held_for.drain(..) {
+            let (mailbox, held) = &mut to[t];
+            mailbox.push_all(std::mem::take(held));
+        }
+    });
 }
 
 /// Called by the thread's loop when it finds its mailbox empty and waits on `waker`.
@@ -289,6 +387,58 @@ mod tests {
         assert_eq!(count.0.load(Ordering::SeqCst), 4);
         assert_eq!(mb.wakeups.load(Ordering::SeqCst), 2);
         OWN.with(|o| *o.borrow_mut() = None);
+    }
+
+    fn slots(mb: &Mailbox) -> Vec<u32> {
+        let mut taken = VecDeque::new();
+        mb.take_into(&mut taken);
+        taken
+            .into_iter()
+            .map(|m| match m {
+                Mail::Done(slot, _) => slot,
+                _ => panic!("only results were sent"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pass_posts_each_threads_mail_as_one_push_in_order() {
+        let shared = crate::shard::Shared::for_tests(3);
+        let boxes: Vec<Arc<Mailbox>> = (0..3).map(|_| Arc::new(Mailbox::default())).collect();
+        assert!(shared.mailboxes.set(boxes.clone()).is_ok());
+        // Before the outbox is opened (any thread but a shard's), a post goes at once.
+        post(1, &boxes[1], Mail::Done(7, None));
+        assert_eq!(slots(&boxes[1]), [7]);
+        open_outbox(0, &boxes);
+        for slot in 0..5 {
+            post(1, &boxes[1], Mail::Done(slot, None));
+        }
+        post(2, &boxes[2], Mail::Done(9, None));
+        // To its own thread it goes at once.
+        post(0, &boxes[0], Mail::Done(8, None));
+        assert_eq!(slots(&boxes[0]), [8]);
+        assert!(
+            !boxes[1].has_mail() && !boxes[2].has_mail(),
+            "held for the pass"
+        );
+        let pushes = boxes[1].pushes.load(Ordering::Relaxed);
+        flush_outbox();
+        assert_eq!(boxes[1].pushes.load(Ordering::Relaxed), pushes + 1);
+        assert_eq!(slots(&boxes[1]), [0, 1, 2, 3, 4]);
+        assert_eq!(slots(&boxes[2]), [9]);
+        // A send that goes at once comes after what was held, not before it.
+        post(1, &boxes[1], Mail::Done(10, None));
+        post(1, &boxes[1], Mail::Done(11, None));
+        shared.send(1, Box::new(|_| {}));
+        let mut taken = VecDeque::new();
+        boxes[1].take_into(&mut taken);
+        assert!(matches!(
+            (&taken[0], &taken[1], &taken[2]),
+            (Mail::Done(10, _), Mail::Done(11, _), Mail::Run(_))
+        ));
+        flush_outbox();
+        assert!(!boxes[1].has_mail(), "nothing held twice");
+        OUTBOX.with(|o| *o.borrow_mut() = None);
     }
 
     #[test]

@@ -132,7 +132,10 @@ impl Shared {
         self.placement.nshards()
     }
 
+    /// Sends `msg` to thread `target` at once, after whatever this thread's pass held
+    /// back (`mailbox::post`), so its sends arrive in the order they were made.
     pub fn send(&self, target: usize, msg: Msg) {
+        mailbox::flush_outbox();
         self.mailbox(target).push(Mail::Run(msg));
     }
 
@@ -1335,7 +1338,7 @@ pub async fn run_batch_on(
     cmds: hops::Cmds,
     spec: BatchSpec,
 ) -> BatchResult {
-    let (ticket, answer) = hops::open(&worker.mailbox);
+    let (ticket, answer) = hops::open(&worker.mailbox, worker.id);
     let batch = Batch {
         db: spec.db,
         client_id: spec.client_id,
@@ -1353,7 +1356,8 @@ pub async fn run_batch_on(
         run_batch(worker, batch);
     } else {
         worker.shard.borrow_mut().stats.hops += 1;
-        worker.shared.mailbox(target).push(Mail::Batch(batch));
+        // Leaves with the pass's other hops for that thread.
+        mailbox::post(target, worker.shared.mailbox(target), Mail::Batch(batch));
     }
     let result = answer.await.expect("shard thread stopped");
     for (db, event, key) in &result.events {

@@ -322,8 +322,12 @@ fn ready_len() -> usize {
     TASKS.with_borrow(|t| t.ready.len())
 }
 
-/// How the thread waits when it has run out of work.
+/// What the thread does between its tasks and its wait, and how it waits when it has
+/// run out of work.
 pub struct Parking {
+    /// Called once a pass's tasks have run, before the sockets are looked at: work they
+    /// queued for other threads leaves now, together (the shard's outbox).
+    pub end_of_run: Box<dyn FnMut()>,
     /// Called before the thread sleeps: it may wake tasks (mail found on a last look),
     /// in which case the thread does not sleep.
     pub before: Box<dyn FnMut()>,
@@ -399,6 +403,7 @@ impl EventLoop {
         let slot = out.clone();
         spawn_local(async move { *slot.borrow_mut() = Some(future.await) });
         let mut parking = Parking {
+            end_of_run: Box::new(|| {}),
             before: Box::new(|| {}),
             after: Box::new(|| {}),
         };
@@ -418,6 +423,7 @@ impl EventLoop {
             while n > 0 && run_one() {
                 n -= 1;
             }
+            (parking.end_of_run)();
             let on_ring = crate::net::uring::waits();
             if !on_ring || done() {
                 // This pass's replies leave together (on a ring that waits, they leave
