@@ -1606,14 +1606,17 @@ async fn wait(
 ) -> Result<Delivery, Ended> {
     // Replies to the commands pipelined before this one go out before it parks, after
     // any the send batch still holds.
-    let owed = sess.stream.as_ref().is_some_and(|s| s.owes_output());
+    // The client's socket, from net's list (a session without one, the AOF replay, has
+    // nothing to send and never leaves).
+    let stream = crate::net::link(sess.id);
+    let owed = stream.as_ref().is_some_and(|s| s.owes_output());
     if !sess.out.buf.is_empty() || owed {
         crate::server::conn::await_durable(sess).await;
         // The blocked command's own reply, still to come, waits for the AOF in turn.
         sess.unflushed_replies = 1;
         sess.unflushed_write = true;
         let n = sess.out.buf.len();
-        if stream_io::write_all(sess.stream.as_deref(), &sess.out.buf)
+        if stream_io::write_all(stream.as_deref(), &sess.out.buf)
             .await
             .is_ok()
         {
@@ -1627,7 +1630,6 @@ async fn wait(
     handle.info.borrow_mut().blocked = true;
     sess.worker.clients.borrow_mut().blocked += 1;
     let deadline = timeout.map(|t| std::time::Instant::now() + t);
-    let stream = sess.stream.clone();
     let max_held = sess.query_buffer_limit();
     let result = loop {
         let sleep = async {

@@ -6,7 +6,8 @@
 //!   the same thread, and still gets every reply in the end (normal clients have no
 //!   output buffer limit by default, as in Redis);
 //! - a connection that is moved to the thread owning its keys in the middle of its
-//!   pipelines keeps its order (`INFO transactions` `migrations` shows that it moved);
+//!   pipelines keeps its order (`INFO transactions` `migrations` shows that it moved),
+//!   and is still reachable on its new thread by what must find its socket;
 //! - a sleeping thread is always woken for work sent to it: more threads than cores, at
 //!   `park-yields` 0, 1 and 4, cross-thread commands, MSET/MGET, MULTI/EXEC and blocking
 //!   pops served by pushes from other clients, every reply checked;
@@ -661,6 +662,48 @@ fn migrating_connection_keeps_order() {
         let want = model.apply(&c);
         check(&mut other, &c, &want, "final state");
     }
+}
+
+/// A connection that moved to another thread is found there by what must reach its
+/// socket (a connection's state holds no socket: net lists it by client id): a blocked
+/// pop after the move still sees the client leave, and DEBUG (`enable-debug-command
+/// local`) still sees a loopback peer.
+#[test]
+fn a_moved_connection_is_reachable_on_its_new_thread() {
+    let s = KiteServer::start(&["--migrate-connections", "yes"], 2);
+    let mut admin = client(&s);
+    let tags = [tag_on_shard("mvb", 0, 2), tag_on_shard("mvb", 1, 2)];
+    let before = info_int(&mut admin, "transactions", "migrations");
+    let mut conn = client(&s);
+    // Whichever thread it starts on, a run of commands for each thread's tag in turn
+    // moves it at least once; it ends on the thread of `tags[1]`.
+    for tag in &tags {
+        for i in 0..12 {
+            assert_eq!(
+                conn.cmd(&["SET", &format!("{{{tag}}}:k{i}"), "v"]),
+                Resp::ok()
+            );
+        }
+    }
+    let after = info_int(&mut admin, "transactions", "migrations");
+    assert!(
+        after > before,
+        "the connection never moved ({before} -> {after})"
+    );
+    assert_eq!(conn.cmd(&["DEBUG", "SLEEP", "0"]), Resp::ok());
+    let blocked_before = info_int(&mut admin, "clients", "blocked_clients");
+    conn.send_raw(&encode_command(&cmd(&[
+        "BLPOP",
+        &format!("{{{}}}:q", tags[1]),
+        "0",
+    ])));
+    wait_blocked(&mut admin, blocked_before + 1);
+    drop(conn);
+    wait_blocked(&mut admin, blocked_before);
+    // Nothing was popped by the client that left.
+    let q = format!("{{{}}}:q", tags[1]);
+    assert_eq!(admin.cmd(&["RPUSH", &q, "job"]), Resp::Integer(1));
+    assert_eq!(admin.cmd(&["LLEN", &q]), Resp::Integer(1));
 }
 
 // ---------------------------------------------------------------------------

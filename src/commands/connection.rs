@@ -288,7 +288,7 @@ pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
         }
         let wait = Duration::from_millis(pause.until_unix_ms - now);
         // Earlier replies reach the client before the pause holds this one.
-        let _ = crate::net::stream_io::settle(sess.stream.as_deref()).await;
+        let _ = crate::net::stream_io::settle(crate::net::link(sess.id).as_deref()).await;
         let _ = crate::net::event_loop::time::timeout(wait, notify.notified()).await;
     }
 }

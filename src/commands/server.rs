@@ -504,9 +504,7 @@ pub fn config(sess: &mut Session, args: &[Bytes]) {
                     )
                 })
                 .collect();
-            let local = sess
-                .stream
-                .as_ref()
+            let local = crate::net::link(sess.id)
                 .is_none_or(|s| s.peer_addr().is_ok_and(|a| a.ip().is_loopback()));
             let mut config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
             // TLS settings take effect together, or not at all (new connections only).
@@ -1059,11 +1057,9 @@ fn debug_allowed(sess: &Session) -> bool {
         .to_string();
     match setting.as_str() {
         "yes" => true,
-        "local" => sess
-            .stream
-            .as_ref()
+        "local" => crate::net::link(sess.id)
             .is_none_or(|s| s.peer_addr().is_ok_and(|a| a.ip().is_loopback())),
-        _ => sess.stream.is_none(),
+        _ => crate::net::link(sess.id).is_none(),
     }
 }
 

@@ -74,6 +74,32 @@ pub fn count_visit() {
     count(|c| c.visits += 1);
 }
 
+thread_local! {
+    /// The sockets of this thread's client connections, by client id. A connection's
+    /// state (`Session`) holds no socket: the connection loop keeps its own handle, and
+    /// what else must reach the client's socket (a blocked command watching for the
+    /// client leaving, PSYNC turning the connection into a replica's stream) asks here.
+    static LINKS: RefCell<hashbrown::HashMap<u64, Rc<Stream>>> = RefCell::default();
+}
+
+/// Lists `stream` as client `client`'s socket on this thread (a connection starting, or
+/// arriving from another thread).
+pub fn attach(client: u64, stream: Rc<Stream>) {
+    LINKS.with(|l| l.borrow_mut().insert(client, stream));
+}
+
+/// Takes client `client`'s socket off this thread's list (the connection closing, or
+/// leaving for another thread).
+pub fn detach(client: u64) -> Option<Rc<Stream>> {
+    LINKS.with(|l| l.borrow_mut().remove(&client))
+}
+
+/// Client `client`'s socket, if it is connected on this thread; None for a session with
+/// no client (the AOF replay, a replica applying its master's stream).
+pub fn link(client: u64) -> Option<Rc<Stream>> {
+    LINKS.with(|l| l.borrow().get(&client).cloned())
+}
+
 /// A client connection's socket.
 pub struct Stream {
     tcp: Socket,

@@ -49,7 +49,7 @@ pub async fn serve_replica(sess: &mut Session, psync: Option<(String, u64)>) {
     // Replies written so far (pipelined before PSYNC) go out first.
     if !sess.out.buf.is_empty() {
         let out = std::mem::take(&mut sess.out.buf);
-        if stream_io::write_all(sess.stream.as_deref(), &out)
+        if stream_io::write_all(crate::net::link(sess.id).as_deref(), &out)
             .await
             .is_err()
         {
@@ -126,7 +126,7 @@ async fn attach(
     feed: Feed,
 ) -> Result<bool, String> {
     let shared = worker.shared.clone();
-    let stream = sess.stream.clone();
+    let stream = crate::net::link(sess.id);
     let stream = stream.as_deref();
     let mut feed = Some(feed);
     if let Some((replid, from)) = &psync {
@@ -181,7 +181,7 @@ async fn full_sync(
             c.get_i64("repl-diskless-sync-delay").max(0) as u64,
         )
     };
-    let stream = sess.stream.clone();
+    let stream = crate::net::link(sess.id);
     let stream = stream.as_deref();
     let limit = super::timeout(&shared);
     if diskless && delay > 0 {
@@ -373,7 +373,7 @@ async fn feed_loop(
         queued,
         dropped,
     } = end;
-    let stream = sess.stream.clone();
+    let stream = crate::net::link(sess.id);
     let stream = stream.as_deref();
     let handle = sess.handle.clone();
     let mut rbuf = BytesMut::with_capacity(4096);
@@ -549,10 +549,10 @@ async fn wait_for_acks(
     }
     send_urgent(&worker, ReplMsg::GetAck);
     // Earlier replies reach the client before WAIT holds this one.
-    let _ = stream_io::settle(sess.stream.as_deref()).await;
+    let _ = stream_io::settle(crate::net::link(sess.id).as_deref()).await;
     let deadline =
         (timeout_ms > 0).then(|| std::time::Instant::now() + Duration::from_millis(timeout_ms));
-    let (stream, handle) = (sess.stream.clone(), sess.handle.clone());
+    let (stream, handle) = (crate::net::link(sess.id), sess.handle.clone());
     let max_held = sess.query_buffer_limit();
     loop {
         // Registered before counting, so an ACK between the count and the wait wakes it.

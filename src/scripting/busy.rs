@@ -1,9 +1,10 @@
 //! Serving a thread's clients while its script runs past `busy-reply-threshold`.
 //!
 //! The thread is inside Lua, so its event loop is stopped. Redis answers from inside the
-//! Lua hook; so does Kite, on its own terms: the hook (every few milliseconds) reads the
-//! sockets of this thread's connections that were idle waiting for a request, and of new
-//! connections handed to this thread, parses what arrived and answers at once: SCRIPT
+//! Lua hook; so does Kite, on its own terms: the hook (every few milliseconds) reads,
+//! through `net::stream_io`'s calls that do not wait, the sockets of this thread's
+//! connections that were idle waiting for a request, and of new connections handed to
+//! this thread, parses what arrived and answers at once: SCRIPT
 //! KILL, FUNCTION KILL and SHUTDOWN NOSAVE act, everything else gets -BUSY. Nothing here
 //! touches shard data or runs a command. Bytes of an unfinished request, and output the
 //! socket could not take, wait on the connection for its own task to pick up once the
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
+use crate::net::stream_io;
 use crate::protocol::parse::{ParseLimits, RequestParser};
 use crate::shard::{BatchResult, Mail, Worker};
 
@@ -69,13 +71,13 @@ pub fn serve(worker: &Rc<Worker>) {
         }
         for h in held.iter_mut().filter(|h| !h.closed && !h.tls) {
             let fd = h.stream.as_raw_fd();
-            if !read_available(fd, &mut h.input) {
+            if !stream_io::recv_now(fd, &mut h.input, MAX_HELD_INPUT) {
                 h.closed = true;
                 continue;
             }
             let mut out = std::mem::take(&mut h.output);
             answer(worker, &mut h.input, &mut out);
-            h.output = send_some(fd, out);
+            h.output = stream_io::send_now(fd, out);
         }
     });
     answer_mailbox(worker);
@@ -100,7 +102,7 @@ pub fn serve(worker: &Rc<Worker>) {
         // socket the loop's receive is armed on is read only by that receive.
         let alive = match crate::net::event_loop::take_read_ahead(fd, &mut input) {
             None => false,
-            Some(true) => read_available(fd, &mut input),
+            Some(true) => stream_io::recv_now(fd, &mut input, MAX_HELD_INPUT),
             Some(false) => true,
         };
         if !alive {
@@ -128,9 +130,7 @@ pub fn serve(worker: &Rc<Worker>) {
         if attack {
             // POST or Host: (cross-protocol scripting): closed at once, unanswered, as
             // the connection loop would; the loop lets go of it after the script.
-            // SAFETY: shutdown on this connection's own open descriptor; it stays open
-            // (and owned by the connection) until the loop closes it.
-            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+            stream_io::shut_now(fd);
             handle.kill();
             continue;
         }
@@ -138,7 +138,7 @@ pub fn serve(worker: &Rc<Worker>) {
         if pending_before {
             out.extend_from_slice(&replies);
         } else {
-            out = send_some(fd, replies);
+            out = stream_io::send_now(fd, replies);
         }
         *handle.hook_out.borrow_mut() = out;
         handle.hook_touched.set(true);
@@ -194,58 +194,6 @@ pub fn release(worker: &Rc<Worker>) {
         }
         crate::server::conn::accept_with(worker, h.stream, h.tls, h.input, h.output);
     }
-}
-
-/// Reads whatever the socket holds without waiting. False when the peer closed it (or
-/// sent more than this module keeps).
-fn read_available(fd: i32, buf: &mut BytesMut) -> bool {
-    let mut chunk = [0u8; 16 * 1024];
-    loop {
-        if buf.len() > MAX_HELD_INPUT {
-            return false;
-        }
-        // SAFETY: recv writes at most chunk.len() bytes into the stack buffer.
-        let n = unsafe {
-            libc::recv(
-                fd,
-                chunk.as_mut_ptr().cast(),
-                chunk.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        match n {
-            0 => return false,
-            n if n > 0 => buf.extend_from_slice(&chunk[..n as usize]),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                return matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                );
-            }
-        }
-    }
-}
-
-/// Sends what the socket takes now; returns the rest.
-fn send_some(fd: i32, out: Vec<u8>) -> Vec<u8> {
-    let mut sent = 0;
-    while sent < out.len() {
-        // SAFETY: send reads within the vector's initialised bytes.
-        let n = unsafe {
-            libc::send(
-                fd,
-                out[sent..].as_ptr().cast(),
-                out.len() - sent,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n <= 0 {
-            break;
-        }
-        sent += n as usize;
-    }
-    out[sent..].to_vec()
 }
 
 /// Answers every whole request in `input`, leaving an unfinished one there.

@@ -97,8 +97,7 @@ pub fn accept_with(
         && !stream.peer_addr().is_ok_and(|a| a.ip().is_loopback())
     {
         worker.shard.borrow_mut().stats.rejected_connections += 1;
-        let mut s = stream;
-        let _ = std::io::Write::write_all(&mut s, PROTECTED_MODE_DENIED.as_bytes());
+        stream_io::refuse(stream, PROTECTED_MODE_DENIED.as_bytes());
         return;
     }
     let max = shared.tunables.maxclients.load(Ordering::Relaxed);
@@ -106,8 +105,7 @@ pub fn accept_with(
     if n > max {
         shared.connected_clients.fetch_sub(1, Ordering::AcqRel);
         worker.shard.borrow_mut().stats.rejected_connections += 1;
-        let mut s = stream;
-        let _ = std::io::Write::write_all(&mut s, b"-ERR max number of clients reached\r\n");
+        stream_io::refuse(stream, b"-ERR max number of clients reached\r\n");
         return;
     }
     worker.shard.borrow_mut().stats.connections_received += 1;
@@ -191,6 +189,9 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         handle.hook_touched.set(true);
     }
     worker.clients.borrow_mut().add(handle.clone());
+    // The socket is listed with net, not held by the session (`net::link`).
+    let stream = Rc::new(stream);
+    crate::net::attach(id, stream.clone());
     let mut sess = Session {
         worker: worker.clone(),
         id,
@@ -216,7 +217,6 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         channels: Default::default(),
         shard_channels: Default::default(),
         patterns: Default::default(),
-        stream: Some(Rc::new(stream)),
         flushed_mid_command: 0,
         aof_pending: Vec::new(),
         unflushed_replies: 0,
@@ -233,20 +233,17 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         asking,
         readonly,
     };
-    let exit = conn_loop(&mut sess, &mut rbuf, &mut parser).await;
-    settle_output(&sess, &exit).await;
+    let exit = conn_loop(&mut sess, &stream, &mut rbuf, &mut parser).await;
+    settle_output(&sess, &stream, &exit).await;
     worker.clients.borrow_mut().remove(id);
+    crate::net::detach(id);
     if let Exit::Http(request) = exit {
-        if let Some(stream) = sess.stream.clone() {
-            crate::net::http::serve(&worker, &stream, request).await;
-        }
+        crate::net::http::serve(&worker, &stream, request).await;
         close(&mut sess);
         return;
     }
     match exit {
-        Exit::Migrate(target)
-            if !handle.killed.get() && !sess.stream.as_ref().is_some_and(|s| s.owes_output()) =>
-        {
+        Exit::Migrate(target) if !handle.killed.get() && !stream.owes_output() => {
             let info = handle.info.borrow().clone();
             let (db, resp3, authenticated, no_touch, reply_mode) = (
                 sess.db,
@@ -257,11 +254,8 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
             );
             let (user, acl_version) = (sess.user.clone(), sess.acl_version);
             let (readonly, asking) = (sess.readonly, sess.asking);
-            let stream = sess.stream.take();
             drop(sess);
-            let std_stream = stream
-                .and_then(|s| Rc::try_unwrap(s).ok())
-                .and_then(Stream::into_std);
+            let std_stream = Rc::try_unwrap(stream).ok().and_then(Stream::into_std);
             match std_stream {
                 Some((std_stream, ahead)) => {
                     // Bytes the loop read ahead follow the ones already in the buffer.
@@ -304,10 +298,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
 /// thread (its socket goes with it) or closes, as its own writes would have: now, with
 /// the rest of the batch, and what the socket did not take is then sent here. A killed
 /// connection gets only what the socket takes at once.
-async fn settle_output(sess: &Session, exit: &Exit) {
-    let Some(stream) = sess.stream.as_ref() else {
-        return;
-    };
+async fn settle_output(sess: &Session, stream: &Stream, exit: &Exit) {
     let moving = matches!(exit, Exit::Migrate(_));
     if !stream.owes_output() && !moving {
         return;
@@ -333,8 +324,8 @@ fn close(sess: &mut Session) {
 /// Sends the replies made so far: handed to the thread's send batch when it has one (they
 /// leave with every other connection's when the thread is about to sleep), else written
 /// at once.
-async fn flush(sess: &mut Session) -> bool {
-    let owed = sess.stream.as_ref().is_some_and(|s| s.owes_output());
+async fn flush(sess: &mut Session, stream: Option<&Rc<Stream>>) -> bool {
+    let owed = stream.is_some_and(|s| s.owes_output());
     if sess.out.buf.is_empty() && !owed {
         sess.unflushed_replies = 0;
         sess.unflushed_write = false;
@@ -342,7 +333,7 @@ async fn flush(sess: &mut Session) -> bool {
     }
     await_durable(sess).await;
     let n = sess.out.buf.len() as u64;
-    if let Some(stream) = &sess.stream {
+    if let Some(stream) = stream {
         if stream.queue_for_pass(&mut sess.out.buf) {
             sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
             return true;
@@ -351,8 +342,8 @@ async fn flush(sess: &mut Session) -> bool {
     // Shown by CLIENT LIST while the socket is full.
     sess.handle
         .out_pending
-        .set(sess.out.buf.len() + sess.stream.as_ref().map_or(0, |s| s.unsent_len()));
-    let ok = stream_io::write_all(sess.stream.as_deref(), &sess.out.buf)
+        .set(sess.out.buf.len() + stream.map_or(0, |s| s.unsent_len()));
+    let ok = stream_io::write_all(stream.map(|s| &**s), &sess.out.buf)
         .await
         .is_ok();
     sess.out.buf.clear();
@@ -388,7 +379,12 @@ pub async fn await_durable(sess: &mut Session) {
     }
 }
 
-async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut RequestParser) -> Exit {
+async fn conn_loop(
+    sess: &mut Session,
+    stream: &Rc<Stream>,
+    rbuf: &mut BytesMut,
+    parser: &mut RequestParser,
+) -> Exit {
     let limits = ParseLimits {
         max_bulk_len: sess
             .worker
@@ -406,7 +402,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
     loop {
         // A flood of pushes (or input) must not keep the thread from its other work.
         crate::net::event_loop::cooperate().await;
-        if sess.handle.hook_touched.get() && !absorb_hook_io(sess, rbuf).await {
+        if sess.handle.hook_touched.get() && !absorb_hook_io(sess, stream, rbuf).await {
             return Exit::Closed;
         }
         if !first_line_checked {
@@ -472,16 +468,16 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
                  posting to this port through a browser would (cross-protocol scripting). \
                  Connection closed."
             );
-            flush(sess).await;
+            flush(sess, Some(stream)).await;
             return Exit::Closed;
         }
         if let Some(e) = protocol_error {
             sess.out.error(&e.0);
-            flush(sess).await;
+            flush(sess, Some(stream)).await;
             return Exit::Closed;
         }
         if sess.close_after_reply || sess.handle.killed.get() {
-            flush(sess).await;
+            flush(sess, Some(stream)).await;
             return Exit::Closed;
         }
         if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
@@ -490,10 +486,10 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         if full {
             continue;
         }
-        if !flush(sess).await {
+        if !flush(sess, Some(stream)).await {
             return Exit::Closed;
         }
-        if let Some(target) = migration_target(sess) {
+        if let Some(target) = migration_target(sess, stream) {
             return Exit::Migrate(target);
         }
         if rbuf.capacity() - rbuf.len() < 4096 {
@@ -502,10 +498,8 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         sess.handle.memory.set(
             rbuf.capacity()
                 + sess.out.buf.capacity()
-                + sess
-                    .stream
-                    .as_ref()
-                    .map_or(0, |s| s.unsent_capacity() + s.input_capacity())
+                + stream.unsent_capacity()
+                + stream.input_capacity()
                 + sess.push_queued.get()
                 + parser.held_bytes(),
         );
@@ -513,12 +507,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
         sess.handle.out_pending.set(sess.out.buf.len());
         // Nothing half-read and nothing owed: a busy script's hook may answer for us.
         sess.handle.idle_read.set(
-            rbuf.is_empty()
-                && !parser.in_progress()
-                && !sess
-                    .stream
-                    .as_ref()
-                    .is_some_and(|s| s.is_tls() || s.holds_input()),
+            rbuf.is_empty() && !parser.in_progress() && !stream.is_tls() && !stream.holds_input(),
         );
         tokio::select! {
             biased;
@@ -529,7 +518,7 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             }
             line = next_push(&mut sess.push_rx) => {
                 if let Some(line) = line {
-                    if !write_unless_killed(sess, &line).await {
+                    if !write_unless_killed(sess, stream, &line).await {
                         return Exit::Closed;
                     }
                     let q = sess.push_queued.get();
@@ -538,8 +527,8 @@ async fn conn_loop(sess: &mut Session, rbuf: &mut BytesMut, parser: &mut Request
             }
             // The send batch could not send all our replies: the flush above, next
             // time round, sends the rest.
-            _ = stream_io::stalled(sess.stream.as_deref()) => {}
-            r = stream_io::read_some(sess.stream.as_deref(), rbuf) => match r {
+            _ = stream.stalled.notified() => {}
+            r = stream.read_some(rbuf) => match r {
                 Ok(0) | Err(_) => return Exit::Closed,
                 Ok(n) => {
                     sess.worker.shard.borrow_mut().stats.net_input_bytes += n as u64;
@@ -590,10 +579,7 @@ pub fn close_for_output_limit(handle: &ClientHandle, class: &str) {
 
 /// Writes pushed output, giving up when the connection is killed meanwhile (a subscriber
 /// past its output limit that does not read).
-async fn write_unless_killed(sess: &Session, mut data: &[u8]) -> bool {
-    let Some(stream) = sess.stream.as_deref() else {
-        return true;
-    };
+async fn write_unless_killed(sess: &Session, stream: &Stream, mut data: &[u8]) -> bool {
     while !data.is_empty() {
         match stream.try_write(data) {
             Ok(0) => return false,
@@ -635,10 +621,10 @@ async fn drain_output(sess: &mut Session) -> bool {
     if (limit.hard == 0 && limit.soft == 0)
         || sess.handle.info.borrow().kind != crate::shard::clients::KIND_NORMAL
     {
-        return flush(sess).await;
+        return flush(sess, crate::net::link(sess.id).as_ref()).await;
     }
     await_durable(sess).await;
-    let Some(stream) = sess.stream.clone() else {
+    let Some(stream) = crate::net::link(sess.id) else {
         sess.out.buf.clear();
         return true;
     };
@@ -663,14 +649,10 @@ async fn drain_output(sess: &mut Session) -> bool {
 
 /// Picks up what a busy script's hook left on this connection: replies it could not
 /// send go out first, then the unfinished request it read joins the input.
-async fn absorb_hook_io(sess: &mut Session, rbuf: &mut BytesMut) -> bool {
+async fn absorb_hook_io(sess: &mut Session, stream: &Stream, rbuf: &mut BytesMut) -> bool {
     sess.handle.hook_touched.set(false);
     let out = std::mem::take(&mut *sess.handle.hook_out.borrow_mut());
-    if !out.is_empty()
-        && stream_io::write_all(sess.stream.as_deref(), &out)
-            .await
-            .is_err()
-    {
+    if !out.is_empty() && stream.write_all(&out).await.is_err() {
         return false;
     }
     let input = std::mem::take(&mut *sess.handle.hook_in.borrow_mut());
@@ -685,10 +667,10 @@ async fn next_push(rx: &mut Option<tokio::sync::mpsc::UnboundedReceiver<Bytes>>)
     }
 }
 
-fn migration_target(sess: &Session) -> Option<usize> {
+fn migration_target(sess: &Session, stream: &Stream) -> Option<usize> {
     let (shard, count) = sess.affinity;
     // A TLS session stays on the thread that holds it.
-    if sess.stream.as_ref().is_some_and(|s| s.is_tls()) {
+    if stream.is_tls() {
         return None;
     }
     if shard == sess.worker.id

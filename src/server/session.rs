@@ -59,9 +59,6 @@ pub struct Session {
     pub patterns: Vec<Bytes>,
     /// Shard channels (SSUBSCRIBE), counted apart from the others as Redis counts them.
     pub shard_channels: Vec<Bytes>,
-    /// The socket, shared so a blocked command can notice the client leaving.
-    /// None for the AOF replay at start-up, which has no client.
-    pub stream: Option<Rc<crate::net::Stream>>,
     /// Output bytes written to the socket while a command ran (a blocking command sends
     /// the replies before it before it parks).
     pub flushed_mid_command: usize,
@@ -138,7 +135,6 @@ impl Session {
             channels: Vec::new(),
             shard_channels: Vec::new(),
             patterns: Vec::new(),
-            stream: None,
             flushed_mid_command: 0,
             aof_pending: Vec::new(),
             unflushed_replies: 0,
