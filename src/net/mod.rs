@@ -82,16 +82,24 @@ thread_local! {
     static LINKS: RefCell<hashbrown::HashMap<u64, Rc<Stream>>> = RefCell::default();
 }
 
-/// Lists `stream` as client `client`'s socket on this thread (a connection starting, or
-/// arriving from another thread).
-pub fn attach(client: u64, stream: Rc<Stream>) {
-    LINKS.with(|l| l.borrow_mut().insert(client, stream));
+/// Client `client`'s place on this thread's list of sockets, from a connection's start
+/// (or its arrival from another thread) until it is dropped: when the connection closes
+/// or leaves for another thread, and also when its task is dropped after a panic, so the
+/// socket is never kept open by the list.
+pub struct Listed(u64);
+
+impl Listed {
+    pub fn attach(client: u64, stream: Rc<Stream>) -> Listed {
+        LINKS.with(|l| l.borrow_mut().insert(client, stream));
+        Listed(client)
+    }
 }
 
-/// Takes client `client`'s socket off this thread's list (the connection closing, or
-/// leaving for another thread).
-pub fn detach(client: u64) -> Option<Rc<Stream>> {
-    LINKS.with(|l| l.borrow_mut().remove(&client))
+impl Drop for Listed {
+    fn drop(&mut self) {
+        // `try_with`: a task dropped while the thread is torn down.
+        let _ = LINKS.try_with(|l| l.borrow_mut().remove(&self.0));
+    }
 }
 
 /// Client `client`'s socket, if it is connected on this thread; None for a session with

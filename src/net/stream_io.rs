@@ -37,15 +37,6 @@ pub async fn write_all(stream: Option<&Stream>, data: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Completes when the send batch left this connection's replies unsent (the socket was
-/// full) or failed: the connection then sends the rest itself (`write_all`).
-pub async fn stalled(stream: Option<&Stream>) {
-    match stream {
-        Some(s) => s.stalled.notified().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Sends what the send batch still holds for this connection, waiting for the socket:
 /// for a command about to wait (a blocking pop, CLIENT PAUSE, WAIT), whose earlier
 /// replies nothing else would send until it ends.

@@ -724,7 +724,12 @@ pub fn serve_sync(worker: &Rc<Worker>) {
             .pop_front();
         match next {
             Some(msg) => msg(worker),
-            None => return,
+            None => {
+                // What the calls sent to other threads' connections leaves now: this may
+                // run inside another synchronous wait, which no pass ends.
+                crate::shard::mailbox::flush_outbox();
+                return;
+            }
         }
     }
 }

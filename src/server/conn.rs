@@ -191,7 +191,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     worker.clients.borrow_mut().add(handle.clone());
     // The socket is listed with net, not held by the session (`net::link`).
     let stream = Rc::new(stream);
-    crate::net::attach(id, stream.clone());
+    let listed = crate::net::Listed::attach(id, stream.clone());
     let mut sess = Session {
         worker: worker.clone(),
         id,
@@ -236,7 +236,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     let exit = conn_loop(&mut sess, &stream, &mut rbuf, &mut parser).await;
     settle_output(&sess, &stream, &exit).await;
     worker.clients.borrow_mut().remove(id);
-    crate::net::detach(id);
+    drop(listed);
     if let Exit::Http(request) = exit {
         crate::net::http::serve(&worker, &stream, request).await;
         close(&mut sess);

@@ -50,9 +50,9 @@ pub struct Mailbox<T = Mail> {
     /// The owning thread's mailbox future. Locked only to replace it and by the one
     /// sender that wins a sleeping thread's flag, never per message.
     waker: Mutex<Option<Waker>>,
-    /// Wake-ups senders had to send (INFO's `kite_mailbox_wakeups`).
+    /// Wake-ups senders had to send (INFO's `mailbox_wakeups`).
     pub wakeups: AtomicU64,
-    /// Messages pushed (INFO's `kite_mailbox_messages`).
+    /// Messages pushed (INFO's `mailbox_messages`).
     pub messages: AtomicU64,
     /// Pushes, a pass's bundle counting once (INFO's `mailbox_pushes`): fewer than
     /// `messages` by what the outbox saved.
@@ -130,18 +130,26 @@ impl<T> Mailbox<T> {
     pub fn take_into(&self, into: &mut std::collections::VecDeque<T>) -> usize {
         let mut node = self.head.swap(ptr::null_mut(), Ordering::SeqCst);
         let start = into.len();
+        // Taken newest first: turn the chain round (its links, not the messages, which
+        // are large) so it is walked in sending order.
+        let mut oldest = ptr::null_mut();
         while !node.is_null() {
-            // SAFETY: the swap made this chain ours alone; each node was boxed by `push`.
+            // SAFETY: the swap made this chain ours alone.
+            let next = unsafe { (*node).next };
+            unsafe { (*node).next = oldest };
+            oldest = node;
+            node = next;
+        }
+        node = oldest;
+        while !node.is_null() {
+            // SAFETY: the chain is ours alone; each node was boxed by `push_parcel`.
             let boxed = unsafe { Box::from_raw(node) };
             node = boxed.next;
             match boxed.parcel {
                 Parcel::One(mail) => into.push_back(mail),
-                // Backwards, like the chain: the reverse below puts them in order.
-                Parcel::Many(mails) => into.extend(mails.into_iter().rev()),
+                Parcel::Many(mails) => into.extend(mails),
             }
         }
-        // Taken newest first: put this batch back in sending order.
-        into.make_contiguous()[start..].reverse();
         into.len() - start
     }
 
@@ -185,7 +193,10 @@ thread_local! {
 /// the answer by yielding to the loop, so nothing waits on mail still held here. Every
 /// other send (`Shared::send`) flushes the outbox first and goes at once, because some
 /// of its callers then wait for it without yielding (`sync_call`), and so that what one
-/// thread sends still arrives in the order it was sent.
+/// thread sends still arrives in the order it was sent. (A ticket dropped unanswered
+/// pushes its `Done(slot, None)` at once: nothing else concerns that slot.) A thread that
+/// opens its outbox must run a loop that flushes it (`Parking::end_of_run`):
+/// `EventLoop::block_on`'s does not, so no shard thread uses it.
 struct Outbox {
     own: usize,
     to: Vec<(Arc<Mailbox>, Vec<Mail>)>,
@@ -212,21 +223,27 @@ pub fn open_outbox(own: usize, mailboxes: &[Arc<Mailbox>]) {
 /// Sends `mail` to thread `to`, whose mailbox is `mailbox`: with the rest of this pass's
 /// mail for it on a loop thread, at once anywhere else (and to this thread itself).
 pub fn post(to: usize, mailbox: &Mailbox, mail: Mail) {
-    let mut mail = Some(mail);
     // `try_with`: a ticket dropped while the thread is torn down still gets through.
-    let _ = OUTBOX.try_with(|o| {
-        let mut o = o.borrow_mut();
-        if let Some(ob) = o.as_mut().filter(|ob| ob.own != to && to < ob.to.len()) {
-            let held = &mut ob.to[to].1;
-            if held.is_empty() {
-                ob.held_for.push(to);
-            }
-            held.extend(mail.take());
-        }
-    });
-    if let Some(mail) = mail {
+    let holds = OUTBOX
+        .try_with(|o| {
+            o.borrow()
+                .as_ref()
+                .is_some_and(|ob| ob.own != to && to < ob.to.len())
+        })
+        .unwrap_or(false);
+    if !holds {
         mailbox.push(mail);
+        return;
     }
+    OUTBOX.with(|o| {
+        let mut o = o.borrow_mut();
+        let ob = o.as_mut().expect("looked at above");
+        let held = &mut ob.to[to].1;
+        if held.is_empty() {
+            ob.held_for.push(to);
+        }
+        held.push(mail);
+    });
 }
 
 /// Sends what this thread's pass held back (`post`), each thread's share as one push.
@@ -238,7 +255,15 @@ pub fn flush_outbox() {
         };
         for t in held_for.drain(..) {
             let (mailbox, held) = &mut to[t];
-            mailbox.push_all(std::mem::take(held));
+            // A lone message goes as it is and the list keeps its capacity; a bundle
+            // goes in the list itself (the messages are large: not copied again), and a
+            // new list of the same capacity takes its place.
+            if held.len() == 1 {
+                mailbox.push(held.pop().expect("one message"));
+            } else {
+                let capacity = held.capacity();
+                mailbox.push_all(std::mem::replace(held, Vec::with_capacity(capacity)));
+            }
         }
     });
 }

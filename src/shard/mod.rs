@@ -1419,4 +1419,8 @@ pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
         f();
     }
     after_command(worker);
+    // Batches from other threads that waited for these locks ran just now, wherever
+    // this release came from (a connection's task, a sync call): their results go home
+    // now, not after whatever the rest of this pass runs.
+    mailbox::flush_outbox();
 }
