@@ -159,13 +159,25 @@ impl ServerProcess {
                 .iter()
                 .position(|a| a == "--requirepass")
                 .and_then(|i| args.get(i + 1).cloned());
+            // The data directory `redis_style_args` made for a redis-server or
+            // valkey-server goes with it, as Kite's does (5 000 of them were found left
+            // in /tmp).
+            let owned_dir = args
+                .windows(2)
+                .find(|w| {
+                    w[0] == "--dir"
+                        && Path::new(&w[1])
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("redis-test-data-"))
+                })
+                .map(|w| PathBuf::from(&w[1]));
             let mut server = ServerProcess {
                 child,
                 port,
                 name: name.clone(),
                 log_path,
                 password,
-                owned_dir: None,
+                owned_dir,
             };
             match server.wait_ready() {
                 Ok(()) => return server,
