@@ -324,8 +324,8 @@ fn close(sess: &mut Session) {
 /// Sends the replies made so far: handed to the thread's send batch when it has one (they
 /// leave with every other connection's when the thread is about to sleep), else written
 /// at once.
-async fn flush(sess: &mut Session, stream: Option<&Rc<Stream>>) -> bool {
-    let owed = stream.is_some_and(|s| s.owes_output());
+async fn flush(sess: &mut Session, stream: &Rc<Stream>) -> bool {
+    let owed = stream.owes_output();
     if sess.out.buf.is_empty() && !owed {
         sess.unflushed_replies = 0;
         sess.unflushed_write = false;
@@ -333,19 +333,15 @@ async fn flush(sess: &mut Session, stream: Option<&Rc<Stream>>) -> bool {
     }
     await_durable(sess).await;
     let n = sess.out.buf.len() as u64;
-    if let Some(stream) = stream {
-        if stream.queue_for_pass(&mut sess.out.buf) {
-            sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
-            return true;
-        }
+    if stream.queue_for_pass(&mut sess.out.buf) {
+        sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
+        return true;
     }
     // Shown by CLIENT LIST while the socket is full.
     sess.handle
         .out_pending
-        .set(sess.out.buf.len() + stream.map_or(0, |s| s.unsent_len()));
-    let ok = stream_io::write_all(stream.map(|s| &**s), &sess.out.buf)
-        .await
-        .is_ok();
+        .set(sess.out.buf.len() + stream.unsent_len());
+    let ok = stream.write_all(&sess.out.buf).await.is_ok();
     sess.out.buf.clear();
     sess.worker.shard.borrow_mut().stats.net_output_bytes += n;
     ok
@@ -468,16 +464,16 @@ async fn conn_loop(
                  posting to this port through a browser would (cross-protocol scripting). \
                  Connection closed."
             );
-            flush(sess, Some(stream)).await;
+            flush(sess, stream).await;
             return Exit::Closed;
         }
         if let Some(e) = protocol_error {
             sess.out.error(&e.0);
-            flush(sess, Some(stream)).await;
+            flush(sess, stream).await;
             return Exit::Closed;
         }
         if sess.close_after_reply || sess.handle.killed.get() {
-            flush(sess, Some(stream)).await;
+            flush(sess, stream).await;
             return Exit::Closed;
         }
         if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
@@ -486,7 +482,7 @@ async fn conn_loop(
         if full {
             continue;
         }
-        if !flush(sess, Some(stream)).await {
+        if !flush(sess, stream).await {
             return Exit::Closed;
         }
         if let Some(target) = migration_target(sess, stream) {
@@ -612,6 +608,11 @@ async fn write_unless_killed(sess: &Session, stream: &Stream, mut data: &[u8]) -
 /// the limit (as in Redis). Without a limit, the connection waits for the socket, which
 /// holds its memory to one pipeline's worth.
 async fn drain_output(sess: &mut Session) -> bool {
+    // Called from inside the connection loop, whose socket is always listed.
+    let Some(stream) = crate::net::link(sess.id) else {
+        sess.out.buf.clear();
+        return true;
+    };
     let t = &sess.worker.shared.tunables.obuf_normal;
     let limit = crate::pubsub::OutputLimit {
         hard: t[0].load(Ordering::Relaxed),
@@ -621,13 +622,9 @@ async fn drain_output(sess: &mut Session) -> bool {
     if (limit.hard == 0 && limit.soft == 0)
         || sess.handle.info.borrow().kind != crate::shard::clients::KIND_NORMAL
     {
-        return flush(sess, crate::net::link(sess.id).as_ref()).await;
+        return flush(sess, &stream).await;
     }
     await_durable(sess).await;
-    let Some(stream) = crate::net::link(sess.id) else {
-        sess.out.buf.clear();
-        return true;
-    };
     let mut written = 0;
     while written < sess.out.buf.len() {
         match stream.try_write(&sess.out.buf[written..]) {
