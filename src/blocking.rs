@@ -1611,7 +1611,7 @@ async fn wait(
     let stream = crate::net::link(sess.id);
     let owed = stream.as_ref().is_some_and(|s| s.owes_output());
     if !sess.out.buf.is_empty() || owed {
-        crate::server::conn::await_durable(sess).await;
+        crate::server::dispatch::await_durable(sess).await;
         // The blocked command's own reply, still to come, waits for the AOF in turn.
         sess.unflushed_replies = 1;
         sess.unflushed_write = true;
@@ -1662,7 +1662,7 @@ async fn wait(
                 // Once per client: blocking commands pipelined behind this one meet the
                 // same held bytes before the connection closes.
                 if let (Some(first_bytes), false) = (over, sess.close_after_reply) {
-                    crate::server::conn::closing_for_query_buffer(sess, &first_bytes);
+                    crate::net::conn::closing_for_query_buffer(sess, &first_bytes);
                 }
                 Some(Ended::ClientGone)
             }

@@ -252,7 +252,7 @@ fn deliver_here(worker: &Rc<Worker>, channel: &[u8], message: &[u8], shard: bool
         for id in over {
             clients.pubsub.drop_subscriber(id);
             if let Some(h) = clients.map.get(&id) {
-                crate::server::conn::close_for_output_limit(h, "pubsub");
+                crate::net::conn::close_for_output_limit(h, "pubsub");
             }
         }
     }

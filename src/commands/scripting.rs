@@ -146,7 +146,7 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
     } else if spread || wide {
         None
     } else {
-        crate::server::conn::note_affinity(sess, target, 1);
+        crate::server::dispatch::note_affinity(sess, target, 1);
         let outcome = if target == worker.id {
             run::run_job(&worker, &job)
         } else {

@@ -1,9 +1,14 @@
-//! Sockets as connections see them: plain TCP, or TLS over TCP (rustls), behind one
-//! `Stream` type; and the TLS settings (`tls`). Owns reading, writing and encryption;
-//! never parses a request or touches shard data.
+//! Every client socket and its bytes: the thread's event loop (`event_loop`, `uring`),
+//! sockets as connections see them (plain TCP, or TLS over TCP with rustls, behind one
+//! `Stream` type), the listeners (`listen`), a connection's life from accept to close (`conn`), the HTTP endpoints
+//! (`http`) and the TLS settings (`tls`). Nothing outside this folder reads, writes or
+//! shuts a client's socket. Never runs a command or touches shard data: a connection
+//! hands its parsed commands to `server::dispatch` and sends what they left in its buffer.
 
+pub mod conn;
 pub mod event_loop;
 pub mod http;
+pub mod listen;
 pub mod notify;
 pub mod stream_io;
 pub mod tls;
@@ -239,7 +244,7 @@ impl Stream {
     /// loop read from it ahead of the connection (they come before the socket's). A TLS
     /// connection stays where it is (its session is not handed over).
     pub fn into_std(self) -> Option<(std::net::TcpStream, BytesMut)> {
-        // The connection sends what the batch holds before it moves (`conn::serve`).
+        // The connection sends what the batch holds before it moves (`net::conn::serve`).
         debug_assert!(!self.owes_output(), "a migrating connection owes output");
         // A broken read left a hole in the input: the connection ends here.
         if self.tls.is_some() || self.tcp.is_broken() {

@@ -8,7 +8,7 @@
 //! KILL, FUNCTION KILL and SHUTDOWN NOSAVE act, everything else gets -BUSY. Nothing here
 //! touches shard data or runs a command. Bytes of an unfinished request, and output the
 //! socket could not take, wait on the connection for its own task to pick up once the
-//! script ends (`conn::absorb_hook_io`).
+//! script ends (`net::conn::absorb_hook_io`).
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::AsRawFd;
@@ -192,7 +192,7 @@ pub fn release(worker: &Rc<Worker>) {
         if h.closed {
             continue;
         }
-        crate::server::conn::accept_with(worker, h.stream, h.tls, h.input, h.output);
+        crate::net::conn::accept_with(worker, h.stream, h.tls, h.input, h.output);
     }
 }
 

@@ -1,6 +1,9 @@
-//! Listeners, connections and the per-thread event loops.
+//! The server's threads: start-up, each worker thread's mailbox and housekeeping
+//! (expiry, idle and evicted clients, signals), the accepting threads; a session's state
+//! (`session`) and the running of its commands (`dispatch`). Connections' sockets are
+//! `net`'s.
 
-pub mod conn;
+pub mod dispatch;
 pub mod session;
 
 use std::cell::RefCell;
@@ -62,18 +65,7 @@ pub fn run(
             .spawn(move || worker_main(id, shared, mailbox))?;
         handles.push(handle);
     }
-    for (l, tls) in listeners {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("kite-accept".into())
-            .spawn(move || accept_loop(shared, l, tls))?;
-    }
-    for l in http_listeners {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("kite-accept-http".into())
-            .spawn(move || accept_http_loop(shared, l))?;
-    }
+    crate::net::listen::start(&shared, listeners, http_listeners)?;
     for h in handles {
         let _ = h.join();
     }
@@ -200,54 +192,6 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
         })
         .await;
     }
-}
-
-/// Accepts connections on a thread of its own and hands them to the shard threads in
-/// turn, through each one's inbox: a thread busy in a script still answers its new
-/// connections from its Lua hook (`scripting::busy`), while one whose mailbox is served
-/// takes them at once.
-fn accept_loop(shared: Arc<Shared>, listener: std::net::TcpListener, tls: bool) {
-    accept_each(&shared, &listener, "", |target, stream| {
-        shared.inbox[target]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((stream, tls));
-        shared.send(target, Box::new(conn::take_inbox));
-    });
-}
-
-/// Accepts connections for ever, dealing them to the threads in turn.
-fn accept_each(
-    shared: &Shared,
-    listener: &std::net::TcpListener,
-    what: &str,
-    mut deal: impl FnMut(usize, std::net::TcpStream),
-) {
-    let n = shared.nshards();
-    let mut next = 0usize;
-    loop {
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // Out of descriptors and similar: wait a little rather than spin.
-                tracing::warn!("accept failed{what}: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        deal(next % n, stream);
-        next = next.wrapping_add(1);
-    }
-}
-
-/// Accepts on `http-port` and deals the connections to the threads in turn.
-fn accept_http_loop(shared: Arc<Shared>, listener: std::net::TcpListener) {
-    accept_each(&shared, &listener, " on http-port", |target, stream| {
-        shared.send(
-            target,
-            Box::new(move |w| crate::net::http::accept(w, stream)),
-        );
-    });
 }
 
 /// Periodic work of each thread: active expiry, the ops/sec samples, idle-client timeouts

@@ -96,6 +96,38 @@ pub struct Session {
     pub readonly: bool,
 }
 
+/// The part of a connection's state that goes with it when it moves to another thread:
+/// what earlier commands chose (SELECT, HELLO, AUTH, CLIENT NO-TOUCH, CLIENT REPLY,
+/// READONLY, ASKING). Nothing in it belongs to one thread.
+pub struct Carried {
+    pub db: usize,
+    pub resp3: bool,
+    pub authenticated: bool,
+    pub user: std::sync::Arc<crate::acl::User>,
+    pub acl_version: u64,
+    pub no_touch: bool,
+    pub reply_mode: ReplyMode,
+    pub readonly: bool,
+    pub asking: bool,
+}
+
+impl Carried {
+    /// A new connection's: database 0, RESP2, the default user.
+    pub fn fresh(shared: &crate::shard::Shared) -> Carried {
+        Carried {
+            db: 0,
+            resp3: false,
+            acl_version: shared.acl.version(),
+            authenticated: shared.acl.default_open(),
+            user: shared.acl.default_user(),
+            no_touch: false,
+            reply_mode: ReplyMode::On,
+            readonly: false,
+            asking: false,
+        }
+    }
+}
+
 impl Session {
     /// `client-query-buffer-limit`: input a client may have waiting before it is closed
     /// (its own buffer, or what is held while a command of its waits).
@@ -105,6 +137,79 @@ impl Session {
             .tunables
             .query_buffer_limit
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The state of a client connection arriving on this thread, new or moved.
+    pub fn open(worker: &Rc<Worker>, id: u64, handle: Rc<ClientHandle>, c: Carried) -> Session {
+        Session {
+            worker: worker.clone(),
+            id,
+            db: c.db,
+            out: Reply::with_buf(bytes::BytesMut::with_capacity(16 * 1024), c.resp3),
+            authenticated: c.authenticated,
+            user: c.user,
+            acl_version: c.acl_version,
+            no_touch: c.no_touch,
+            multi: None,
+            watching: None,
+            in_exec: false,
+            reply_mode: c.reply_mode,
+            close_after_reply: false,
+            handle,
+            affinity: (worker.id, 0),
+            route_hint: None,
+            push_rx: None,
+            push_tx: None,
+            push_queued: Default::default(),
+            obuf_soft_since: Default::default(),
+            monitoring: false,
+            channels: Vec::new(),
+            shard_channels: Vec::new(),
+            patterns: Vec::new(),
+            flushed_mid_command: 0,
+            aof_pending: Vec::new(),
+            unflushed_replies: 0,
+            unflushed_write: false,
+            replaying: false,
+            replconf: None,
+            wrote_since_wait: false,
+            write_offset: 0,
+            tracking: false,
+            caching: false,
+            forced: Vec::new(),
+            blocked_us: 0,
+            last_block: None,
+            asking: c.asking,
+            readonly: c.readonly,
+        }
+    }
+
+    /// What goes with the connection if it moves to another thread.
+    pub fn carried(&self) -> Carried {
+        Carried {
+            db: self.db,
+            resp3: self.out.resp3,
+            authenticated: self.authenticated,
+            user: self.user.clone(),
+            acl_version: self.acl_version,
+            no_touch: self.no_touch,
+            reply_mode: self.reply_mode,
+            readonly: self.readonly,
+            asking: self.asking,
+        }
+    }
+
+    /// Ends a connection that closes here (not one that moves): its watches, tracking,
+    /// MONITOR and subscriptions go, and it stops counting against `maxclients`.
+    pub fn close(&mut self) {
+        crate::commands::transactions::unwatch_all(self);
+        crate::commands::connection::disable_tracking(self);
+        crate::commands::connection::stop_monitor(self);
+        crate::commands::pubsub::unsubscribe_all(self);
+        self.worker
+            .shared
+            .connected_clients
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// A session with no client behind it (the AOF replay).

@@ -1,0 +1,296 @@
+//! Running a connection's parsed commands: a group in order, pipelined runs bound for one
+//! other shard squashed into one hop, a command on this thread's shard run inline, the
+//! rest through `commands::execute`; and the write barrier of `appendfsync always`
+//! between a group's commands and their replies. Never touches a socket: replies go into
+//! the session's output buffer, and `net::conn` sends them.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+
+use crate::commands::{self, flags, route, table, Command, Handler, Route};
+use crate::net::conn::{drain_output, FLUSH_AT};
+use crate::server::session::{ReplyMode, Session};
+use crate::shard::{run_batch_on, BatchSpec};
+
+/// Whether a command may change the dataset, so that its reply waits for the AOF.
+fn may_write(cmd: &Command) -> bool {
+    cmd.has(flags::WRITE) || matches!(cmd.name, "exec" | "eval" | "evalsha" | "fcall" | "function")
+}
+
+/// The write barrier of `appendfsync always`: replies to a group of commands that may have
+/// written wait until the AOF's fsync covers every effect logged before this call, theirs
+/// among them. If the AOF cannot make them durable, the group's replies become errors:
+/// nothing is acknowledged that was not stored. Replies to reads alone do not wait (Redis
+/// holds them too, since it answers everything after the pass's fsync): a read may see a
+/// write whose fsync is under way, as a client of Redis with `everysec` may.
+pub async fn await_durable(sess: &mut Session) {
+    let replies = std::mem::take(&mut sess.unflushed_replies);
+    let wrote = std::mem::take(&mut sess.unflushed_write);
+    let aof = &sess.worker.shared.persist.aof;
+    if !wrote || !aof.file_on() || !aof.always() {
+        return;
+    }
+    if crate::persist::aof::barrier(aof).await {
+        return;
+    }
+    let msg = aof.error_reply();
+    sess.out.buf.clear();
+    for _ in 0..replies.max(1) {
+        sess.out.error(&msg);
+    }
+}
+
+/// The one shard a plain keyed command runs on, when none of `execute`'s checks could
+/// refuse it or change what it does. Such a command skips `execute` (and its chain of
+/// futures): bound for another shard it is batched with its neighbours, and on this
+/// thread's shard it runs inline (`commands::run_here_if_free`).
+fn plain_target(
+    sess: &Session,
+    cmd: Option<&'static Command>,
+    args: &[Bytes],
+    memo: &mut Option<Route>,
+) -> Option<usize> {
+    let cmd = cmd?;
+    let shared = &sess.worker.shared;
+    if sess.multi.is_some()
+        || sess.tracking
+        || sess.reply_mode != ReplyMode::On
+        || !sess.authenticated
+        // A RESP2 subscriber may run only (un)subscribe, PING, QUIT and RESET.
+        || (!sess.out.resp3 && sess.subscriptions() > 0)
+        // A restricted user's commands go through `execute`, which checks them.
+        || !sess.user.unrestricted
+        || sess.acl_version != shared.acl.version()
+        // A busy script's shard answers BUSY, which `execute` decides.
+        || shared.busy_count.load(Ordering::Relaxed) > 0
+        || shared.monitors.load(Ordering::Relaxed) > 0
+        // `execute` evicts first, or refuses what may grow memory.
+        || shared.over_maxmemory()
+        || !cmd.arity_ok(args.len())
+        || cmd.has(flags::BLOCKING)
+        || cmd.block.is_some()
+        || !cmd.subcommands.is_empty()
+        || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
+        || !squash_allowed_by_gate(sess, cmd)
+        // In cluster mode only what the slot check serves at once skips `execute`.
+        || shared.cluster.as_deref().is_some_and(|c| {
+            !matches!(
+                crate::cluster::redirect::check(c, sess, cmd, args),
+                crate::cluster::redirect::Check::Serve
+            )
+        })
+    {
+        return None;
+    }
+    match *memo.get_or_insert_with(|| route(sess, cmd, args)) {
+        Route::Shard(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// A squashed batch skips `execute`'s checks, so it is only formed when none could refuse
+/// the command: no gate at all, or only replication's (a replica, min-replicas-to-write)
+/// for a read while stale data may be served.
+fn squash_allowed_by_gate(sess: &Session, cmd: &Command) -> bool {
+    let gate = sess.worker.shared.persist.gate();
+    if gate == 0 {
+        return true;
+    }
+    gate == crate::persist::GATE_REPL
+        && !cmd.has(flags::WRITE)
+        && !crate::repl::stale_refused(&sess.worker.shared)
+}
+
+pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
+    if sess.affinity.0 == shard {
+        sess.affinity.1 = sess.affinity.1.saturating_add(n);
+    } else {
+        sess.affinity = (shard, n);
+    }
+}
+
+/// Longest argument taken for a key by `prefetch_keys`: hashing a long argument that is
+/// not a key (a script's body, a value) would cost more than the miss it might save.
+const PREFETCH_KEY_MAX: usize = 128;
+
+/// Starts loading the table buckets of a pipelined group's keys before the group runs, so
+/// that their cache misses overlap instead of coming one after another, command by command
+/// (at depth 16 they were a fifth of the server's CPU: BENCHMARKS.md, "Prefetching a
+/// pipelined group's keys"). The first argument after the name stands for the key without
+/// looking the command up: for most keyed commands it is the key, and where it is not, the
+/// prefetch is only wasted. It stops at the first such argument that maps to another
+/// thread's shard (or whose round-robin tag has no shard yet: looking places nothing,
+/// `Placement::shard_if_placed`): the group waits there for that shard's replies, and while
+/// it waits other connections run and evict what was loaded (measured: with that run ahead
+/// too, SET at depth 16 on two threads cost 11% more instead of less).
+pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
+    let Ok(shard) = sess.worker.shard.try_borrow() else {
+        return;
+    };
+    let Some(db) = shard.dbs.get(sess.db) else {
+        return;
+    };
+    let placement = &sess.worker.shared.placement;
+    for c in cmds {
+        if let Some(key) = c.get(1).filter(|k| k.len() <= PREFETCH_KEY_MAX) {
+            if placement.shard_if_placed(key) != Some(sess.worker.id) {
+                return;
+            }
+            db.table.prefetch(key);
+        }
+    }
+}
+
+/// Runs a group of parsed commands in order.
+pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
+    let mut iter = cmds.peekable();
+    // A command looked at (and maybe routed) while a batch was being formed, so it is
+    // not looked up and its keys not hashed a second time.
+    let mut carried: Option<(Option<&'static Command>, Option<Route>)> = None;
+    while let Some(args) = iter.next() {
+        if sess.handle.killed.get() {
+            return;
+        }
+        crate::commands::connection::wait_if_paused(sess, &args).await;
+        let (cmd, mut memo) = carried
+            .take()
+            .unwrap_or_else(|| (table().lookup(&args[0]), None));
+        sess.unflushed_replies += 1;
+        if cmd.is_some_and(may_write) {
+            sess.unflushed_write = true;
+            sess.wrote_since_wait = true;
+        }
+        let plain = plain_target(sess, cmd, &args, &mut memo);
+        if plain == Some(sess.worker.id) {
+            let c = cmd.expect("plain commands are known");
+            let f = c.exec_fn().expect("plain commands run on a shard");
+            if let Some(moves) = commands::run_here_if_free(sess, c, f, &args) {
+                sess.note_command(c, &args);
+                note_affinity(sess, sess.worker.id, 1);
+                sess.asking = false;
+                if !moves.is_empty() {
+                    crate::shard::settle(moves).await;
+                }
+                if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
+                    sess.handle.kill();
+                    return;
+                }
+                continue;
+            }
+        }
+        if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
+            let cmd = cmd.expect("squashable commands are known");
+            let mut batch = crate::shard::hops::cmds();
+            sess.note_command(cmd, &args);
+            sess.asking = false;
+            batch.push_back((cmd, args));
+            while let Some(next) = iter.peek() {
+                let next_cmd = table().lookup(&next[0]);
+                let mut next_memo = None;
+                if plain_target(sess, next_cmd, next, &mut next_memo) != Some(target) {
+                    carried = Some((next_cmd, next_memo));
+                    break;
+                }
+                let args = iter.next().expect("peeked");
+                let c = next_cmd.expect("squashable commands are known");
+                sess.unflushed_replies += 1;
+                if may_write(c) {
+                    sess.unflushed_write = true;
+                    sess.wrote_since_wait = true;
+                }
+                sess.note_command(c, &args);
+                batch.push_back((c, args));
+            }
+            let n = batch.len();
+            {
+                let mut shard = sess.worker.shard.borrow_mut();
+                shard.stats.one_hop += n as u64;
+                if n > 1 {
+                    shard.stats.squashed_batches += 1;
+                    shard.stats.squashed_commands += n as u64;
+                }
+            }
+            note_affinity(sess, target, n as u32);
+            let worker = sess.worker.clone();
+            let spec = BatchSpec {
+                db: sess.db,
+                resp3: sess.out.resp3,
+                client_id: sess.id,
+                no_touch: sess.no_touch,
+                atomic: None,
+                reader: None,
+            };
+            let mut batch = batch;
+            loop {
+                let spec = BatchSpec {
+                    db: spec.db,
+                    resp3: spec.resp3,
+                    client_id: spec.client_id,
+                    no_touch: spec.no_touch,
+                    atomic: None,
+                    reader: None,
+                };
+                let mut result = run_batch_on(&worker, target, batch, spec).await;
+                crate::shard::settle(std::mem::take(&mut result.settle)).await;
+                sess.out.buf.extend_from_slice(&result.out.buf);
+                if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
+                    sess.handle.kill();
+                    return;
+                }
+                if result.rest.is_empty() {
+                    crate::shard::hops::recycle(result.out.buf, result.rest);
+                    break;
+                }
+                batch = result.rest;
+            }
+            continue;
+        }
+        if let Some(c) = cmd {
+            if c.exec_fn().is_some() && c.arity_ok(args.len()) && sess.multi.is_none() {
+                let r = *memo.get_or_insert_with(|| route(sess, c, &args));
+                if let Route::Shard(s) = r {
+                    note_affinity(sess, s, 1);
+                }
+                sess.route_hint = Some((c, r));
+            }
+        }
+        let mode = sess.reply_mode;
+        sess.flushed_mid_command = 0;
+        let mark = sess.out.buf.len();
+        commands::execute(sess, cmd, args).await;
+        sess.route_hint = None;
+        // ASKING covers the next command, or the whole next transaction.
+        if sess.asking && sess.multi.is_none() && cmd.is_none_or(|c| c.name != "asking") {
+            sess.asking = false;
+        }
+        // CLIENT CACHING covers the next command, or the whole next transaction.
+        if sess.caching && sess.multi.is_none() && cmd.is_none_or(|c| c.name != "client") {
+            sess.caching = false;
+        }
+        let mark = mark.saturating_sub(sess.flushed_mid_command);
+        match mode {
+            // CLIENT REPLY ON answers even though replies were off when it arrived.
+            ReplyMode::Off if sess.reply_mode != ReplyMode::On => sess.out.buf.truncate(mark),
+            ReplyMode::Skipping => {
+                sess.out.buf.truncate(mark);
+                if sess.reply_mode == ReplyMode::Skipping {
+                    sess.reply_mode = ReplyMode::On;
+                }
+            }
+            _ => {}
+        }
+        if !sess.forced.is_empty() {
+            let forced = std::mem::take(&mut sess.forced);
+            sess.out.buf.extend_from_slice(&forced);
+        }
+        if sess.reply_mode == ReplyMode::SkipNext {
+            sess.reply_mode = ReplyMode::Skipping;
+        }
+        // A long pipeline of large replies does not pile up in memory.
+        if sess.out.buf.len() >= FLUSH_AT && sess.multi.is_none() && !drain_output(sess).await {
+            sess.handle.kill();
+            return;
+        }
+    }
+}
