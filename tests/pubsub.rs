@@ -214,6 +214,77 @@ fn string_events_match_redis() {
     assert_eq!(got[0], got[1]);
 }
 
+/// SET over a key whose time is up but which active expiry has not reached: the old key
+/// expires first (its event, the expired_keys count, and under LFU a fresh counter),
+/// then the new one is made, as Redis's lookup before the write does.
+#[test]
+fn set_over_an_expired_key_expires_it_first_as_redis_does() {
+    let kite = KiteServer::start(&[], 2);
+    let redis = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let mut got = Vec::new();
+    let servers: [&common::ServerProcess; 2] = [&kite, &redis];
+    for server in servers {
+        let mut admin = server.client();
+        assert_eq!(admin.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "0"]), Resp::ok());
+        admin.cmd(&["CONFIG", "SET", "notify-keyspace-events", "KEA"]);
+        admin.cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lfu"]);
+        let mut sub = server.client();
+        sub.send(&["PSUBSCRIBE", "__keyevent@0__:*"]);
+        read(&mut sub);
+        // Values that are not integers: Redis would share an integer's object, and its
+        // LFU counter with it.
+        admin.cmd(&["SET", "k", "v1"]);
+        admin.cmd(&["SET", "live", "v1"]);
+        for _ in 0..200 {
+            admin.cmd(&["GET", "k"]);
+            admin.cmd(&["GET", "live"]);
+        }
+        let before = admin.cmd(&["OBJECT", "FREQ", "live"]);
+        admin.cmd(&["PEXPIRE", "k", "100"]);
+        // Nothing touches `k` until SET: active expiry is off.
+        std::thread::sleep(Duration::from_millis(250));
+        let expired_before = info_field(&mut admin, "expired_keys");
+        admin.cmd(&["SET", "k", "v2"]);
+        admin.cmd(&["SET", "live", "v2"]);
+        let expired = info_field(&mut admin, "expired_keys") - expired_before;
+        let mut outcome = vec![
+            format!("expired {expired}"),
+            format!("k {}", admin.cmd(&["GET", "k"])),
+            format!("ttl {}", admin.cmd(&["PTTL", "k"])),
+            format!("fresh freq {}", admin.cmd(&["OBJECT", "FREQ", "k"])),
+            // An overwritten live key keeps its counter (which SET's own lookup may
+            // have raised).
+            format!(
+                "kept freq {}",
+                admin.cmd(&["OBJECT", "FREQ", "live"]).as_int().unwrap()
+                    >= before.as_int().unwrap()
+            ),
+        ];
+        admin.cmd(&["PUBLISH", "__keyevent@0__:end", "end"]);
+        loop {
+            let m = read(&mut sub);
+            let a = m.as_array().unwrap().to_vec();
+            let channel = a[2].as_string().unwrap();
+            if channel.ends_with(":end") {
+                break;
+            }
+            outcome.push(format!("{channel} {}", a[3].as_string().unwrap()));
+        }
+        admin.cmd(&["DEBUG", "SET-ACTIVE-EXPIRE", "1"]);
+        got.push(outcome);
+    }
+    assert_eq!(got[0], got[1]);
+    assert!(got[0].contains(&"expired 1".to_string()), "{:?}", got[0]);
+}
+
+fn info_field(c: &mut Client, name: &str) -> i64 {
+    let info = c.cmd(&["INFO", "stats"]).as_string().unwrap().to_string();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in INFO"))
+}
+
 /// Sharded Pub/Sub (Redis 7): SSUBSCRIBE / SPUBLISH / SUNSUBSCRIBE and PUBSUB
 /// SHARDCHANNELS / SHARDNUMSUB, with shard subscriptions counted apart from channels and
 /// patterns, the same conversation against both servers, in RESP2 and RESP3.

@@ -307,7 +307,13 @@ fn set_generic(
             return;
         }
     }
-    let existing = ctx.get(key).map(|e| e.expire_at());
+    // A plain SET needs nothing of the old key: it is replaced in the same probe that
+    // finds it (`ExecCtx::set` expires it first if its time is up).
+    let existing = if o.nx || o.xx || o.keepttl {
+        ctx.get(key).map(|e| e.expire_at())
+    } else {
+        None
+    };
     if (o.nx && existing.is_some()) || (o.xx && existing.is_none()) {
         if !o.get {
             match replies {

@@ -712,13 +712,19 @@ impl Shard {
             return;
         }
         if self.dbs[db].table.remove(key).is_some() {
-            self.log_effect(db, &[b"DEL".as_slice(), key]);
-            self.track_modified(key);
-            self.stats.expired_keys += 1;
-            self.watches.touch_expired(db, key);
-            self.blocking.mark_ready(db, key);
-            self.event(db, b'x', "expired", key);
+            self.expired(db, key);
         }
+    }
+
+    /// What follows the expiry of `key`, already gone from the table: the DEL is logged,
+    /// watchers and trackers are told, it is counted and announced.
+    fn expired(&mut self, db: usize, key: &[u8]) {
+        self.log_effect(db, &[b"DEL".as_slice(), key]);
+        self.track_modified(key);
+        self.stats.expired_keys += 1;
+        self.watches.touch_expired(db, key);
+        self.blocking.mark_ready(db, key);
+        self.event(db, b'x', "expired", key);
     }
 
     /// Records a keyspace event if anyone listens to its class.
@@ -986,9 +992,21 @@ impl ExecCtx<'_> {
     pub fn set(&mut self, key: &[u8], value: Value, expire_at: u64) {
         let stamp = self.shard.stamp(self.now_ms);
         let lru = stamp.fresh();
-        let old = self.shard.dbs[self.db]
+        let mut old = self.shard.dbs[self.db]
             .table
             .insert(key, value, expire_at, lru);
+        // A command that writes without looking first (a plain SET) may have replaced a
+        // key whose time was up. A lookup would have expired it before the write, as
+        // Redis's does: so it is expired now, and the new key is a new one. (A replica's
+        // keys go only when its master says so.)
+        if old
+            .as_ref()
+            .is_some_and(|o| o.expire_at != 0 && o.expire_at <= self.now_ms)
+            && !self.shard.shared.repl.is_replica()
+        {
+            old = None;
+            self.shard.expired(self.db, key);
+        }
         match &old {
             None => self.shard.event(self.db, b'n', "new", key),
             // Under LFU an overwritten key keeps its frequency, as in Redis.
