@@ -308,6 +308,12 @@ async fn conn_loop(
             if !sess.authenticated && !cmds.is_empty() {
                 break;
             }
+            // Whole requests leave the buffer together; the parser reads what follows.
+            let room = MAX_GROUP - cmds.len();
+            parser.whole_commands(rbuf, &limits, &mut cmds, room);
+            if cmds.len() == MAX_GROUP {
+                break;
+            }
             match parser.next_command(rbuf, &limits) {
                 Ok(Some(args)) => cmds.push(args),
                 Ok(None) => break,

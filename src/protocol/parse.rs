@@ -139,6 +139,10 @@ pub struct RequestParser {
     scan_from: usize,
     /// Apply Redis's limits for clients that have not authenticated yet.
     auth_required: bool,
+    /// Where the arguments of the requests found by `whole_commands` lie, and how many
+    /// each request has: kept between calls so that no group allocates them.
+    spans: Vec<(usize, usize)>,
+    counts: Vec<usize>,
     /// Bytes looked at by terminator searches (to check linear parsing).
     #[cfg(test)]
     scanned: usize,
@@ -175,6 +179,88 @@ impl RequestParser {
             self.reset();
         }
         result
+    }
+
+    /// Takes every request that lies whole at the front of `buf` and is written the plain
+    /// way (as `whole_command` wants), up to `room` of them, and appends each one's
+    /// arguments to `out`. They leave the buffer as one piece, whose slices their
+    /// arguments are: one split per group, not one per request. Returns how many it took.
+    /// It stops at the first request that is not whole or not plain, which
+    /// `next_command` then reads (so replies and errors stay exactly its own), and takes
+    /// nothing while a request is under way or limits for an unauthenticated client
+    /// apply.
+    pub fn whole_commands(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &ParseLimits,
+        out: &mut Vec<Vec<Bytes>>,
+        room: usize,
+    ) -> usize {
+        #[cfg(test)]
+        if self.slow_only {
+            return 0;
+        }
+        if self.remaining != 0 || self.auth_required {
+            return 0;
+        }
+        let b = &buf[..];
+        // Worked on as locals: through `self` each push would reload the vectors.
+        let mut spans = std::mem::take(&mut self.spans);
+        let mut counts = std::mem::take(&mut self.counts);
+        spans.clear();
+        counts.clear();
+        let mut pos = 0;
+        'requests: while counts.len() < room {
+            let Some((count, mut at)) = plain_length(b, pos, b'*') else {
+                break;
+            };
+            // A count the buffer cannot hold is left to `next_command`.
+            if count == 0
+                || count.saturating_mul(MIN_ARG_BYTES) > b.len() - at
+                || count as i64 > MAX_MULTIBULK_LEN
+            {
+                break;
+            }
+            let first = spans.len();
+            for _ in 0..count {
+                let whole = plain_length(b, at, b'$').and_then(|(len, start)| {
+                    let end = start.checked_add(len)?;
+                    // The two bytes after the payload are skipped unchecked, as the slow
+                    // path does.
+                    (len <= limits.max_bulk_len && end.checked_add(2)? <= b.len())
+                        .then_some((start, end))
+                });
+                let Some((start, end)) = whole else {
+                    spans.truncate(first);
+                    break 'requests;
+                };
+                spans.push((start, end));
+                at = end + 2;
+            }
+            pos = at;
+            counts.push(count);
+        }
+        let taken = counts.len();
+        if taken > 0 {
+            let frame = buf.split_to(pos).freeze();
+            self.scan_from = 0;
+            out.reserve(taken);
+            let mut next = 0;
+            for &count in &counts {
+                let mut args = Vec::with_capacity(count);
+                for &(start, end) in &spans[next..next + count] {
+                    args.push(frame.slice(start..end));
+                }
+                next += count;
+                out.push(args);
+            }
+        }
+        // A huge request's places are not kept for the connection's life.
+        if spans.capacity() <= 4096 {
+            self.spans = spans;
+        }
+        self.counts = counts;
+        taken
     }
 
     /// True when a command is partially parsed (used to know if a client
@@ -681,6 +767,33 @@ mod tests {
                         assert!(!cmd.is_empty(), "empty command returned");
                         cmds.push(cmd);
                     }
+                    Ok(None) => break,
+                    Err(e) => return (cmds, Some(e)),
+                }
+            }
+        }
+        (cmds, None)
+    }
+
+    /// As the connection loop reads: whole requests in groups of up to `room`, then the
+    /// incremental parser for whatever follows them.
+    fn drive_grouped<'a>(
+        chunks: impl IntoIterator<Item = &'a [u8]>,
+        limits: &ParseLimits,
+        room: usize,
+    ) -> Outcome {
+        let mut parser = RequestParser::new();
+        let mut buf = BytesMut::new();
+        let mut cmds = Vec::new();
+        for chunk in chunks {
+            buf.extend_from_slice(chunk);
+            loop {
+                let before = cmds.len();
+                let taken = parser.whole_commands(&mut buf, limits, &mut cmds, room);
+                assert_eq!(cmds.len(), before + taken);
+                assert!(taken <= room);
+                match parser.next_command(&mut buf, limits) {
+                    Ok(Some(cmd)) => cmds.push(cmd),
                     Ok(None) => break,
                     Err(e) => return (cmds, Some(e)),
                 }
@@ -1442,6 +1555,17 @@ mod tests {
                 drive_with(slow(), chunks.iter().copied(), &limits),
                 "input {data:?}"
             );
+            let room = 1 + rng.below(4);
+            assert_eq!(
+                drive_grouped([&data[..]], &limits, room),
+                fast_whole,
+                "input {data:?}"
+            );
+            assert_eq!(
+                drive_grouped(chunks.iter().copied(), &limits, room),
+                drive_with(slow(), chunks.iter().copied(), &limits),
+                "input {data:?}"
+            );
         }
         let mut ping = BytesMut::from(&b"*1\r\n$4\r\nPING\r\n*1"[..]);
         assert_eq!(whole_command(&mut ping, 100), Some(b(&[b"PING"])));
@@ -1459,6 +1583,19 @@ mod tests {
             let mut whole = BytesMut::from(&input[..]);
             assert_eq!(whole_command(&mut whole, 100).map(|a| a.len()), Some(n));
         }
+        // A group leaves the buffer as one piece; what follows it stays.
+        let mut group =
+            BytesMut::from(&b"*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1"[..]);
+        let mut out = Vec::new();
+        let mut parser = RequestParser::new();
+        assert_eq!(parser.whole_commands(&mut group, &limits(), &mut out, 8), 2);
+        assert_eq!(out, vec![b(&[b"PING"]), b(&[b"GET", b"k"])]);
+        assert_eq!(&group[..], b"*1");
+        // Nothing is taken for a client that has yet to authenticate.
+        let mut group = BytesMut::from(&b"*1\r\n$4\r\nPING\r\n"[..]);
+        parser.set_auth_required(true);
+        assert_eq!(parser.whole_commands(&mut group, &limits(), &mut out, 8), 0);
+        assert_eq!(group.len(), 14);
         // A count no buffer this size could hold goes to the incremental parser.
         let mut huge = BytesMut::from(&b"*1000000\r\n$1\r\na\r\n"[..]);
         assert_eq!(whole_command(&mut huge, 100), None);
