@@ -248,6 +248,11 @@ impl NameIndex {
         let mut slots = vec![u16::MAX; size];
         let mask = size - 1;
         for c in commands {
+            assert!(
+                !c.name.bytes().any(|b| b.is_ascii_uppercase()),
+                "command names are lowercase: {}",
+                c.name
+            );
             let mut i = Self::hash(c.name.as_bytes()) & mask;
             while slots[i] != u16::MAX {
                 i = (i + 1) & mask;
@@ -266,7 +271,14 @@ impl NameIndex {
                 return None;
             }
             let c = &commands[id as usize];
-            if c.name.len() == name.len() && c.name.as_bytes().eq_ignore_ascii_case(name) {
+            // Table names are lowercase (checked in `new`): only the request's side is
+            // folded.
+            if c.name.len() == name.len()
+                && name
+                    .iter()
+                    .zip(c.name.as_bytes())
+                    .all(|(x, t)| x.to_ascii_lowercase() == *t)
+            {
                 return Some(c);
             }
             i = (i + 1) & self.mask;

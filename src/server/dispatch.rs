@@ -152,7 +152,9 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
         if sess.handle.killed.get() {
             return;
         }
-        crate::commands::connection::wait_if_paused(sess, &args).await;
+        if crate::commands::connection::pause_set(sess) {
+            crate::commands::connection::wait_if_paused(sess, &args).await;
+        }
         let (cmd, mut memo) = carried
             .take()
             .unwrap_or_else(|| (table().lookup(&args[0]), None));

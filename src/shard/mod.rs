@@ -236,6 +236,7 @@ impl Worker {
         self.shared.nshards()
     }
 
+    #[inline]
     pub fn shard_of(&self, key: &[u8]) -> usize {
         self.shared.placement.shard_of(key)
     }
@@ -728,6 +729,7 @@ impl Shard {
     }
 
     /// Records a keyspace event if anyone listens to its class.
+    #[inline]
     pub fn event(&mut self, db: usize, class: u8, event: &'static str, key: &[u8]) {
         if crate::pubsub::wanted(&self.shared, class) {
             self.events.push((db, event, Bytes::copy_from_slice(key)));

@@ -168,11 +168,16 @@ impl Placement {
         &self.queue_prefixes
     }
 
-    #[inline]
+    /// The shard `key` belongs to. One thread's answer costs a compare, not a call.
+    #[inline(always)]
     pub fn shard_of(&self, key: &[u8]) -> usize {
         if self.nshards == 1 {
             return 0;
         }
+        self.shard_of_placed(key)
+    }
+
+    fn shard_of_placed(&self, key: &[u8]) -> usize {
         let tag = self.tag(key);
         if let Some(prefix) = &self.rr_prefix {
             if tag.len() < key.len() && tag.starts_with(prefix) {
