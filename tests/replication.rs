@@ -1289,6 +1289,68 @@ fn wait_replicas(threads: usize) {
     );
 }
 
+/// WAIT counts the writes a connection made before it moved to another thread: a
+/// connection that wrote on one thread and then moved must not find its writes forgotten
+/// (a replica that has not acknowledged them must not be counted).
+#[test]
+fn wait_counts_writes_made_before_the_connection_moved() {
+    let master = sut(
+        &[
+            "--repl-diskless-sync-delay",
+            "0",
+            "--migrate-connections",
+            "yes",
+        ],
+        2,
+    );
+    let replica = redis(&[]);
+    replicaof(&replica, &master);
+    wait_synced(&master, &replica, "after the full sync");
+    let mut mc = master.client();
+    let keys_on = |shard: usize| -> Vec<String> {
+        (0..)
+            .map(|i| format!("moved:{i}"))
+            .filter(|k| common::shard_of(k, 2) == shard)
+            .take(8)
+            .collect()
+    };
+    // Eight writes to shard 0's keys leave the connection on thread 0 (moved there after
+    // the eighth if it started on thread 1).
+    for k in keys_on(0) {
+        assert_ok(mc.cmd(&["SET", &k, "v"]), "SET on shard 0");
+    }
+    let replica_pid = replica.pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &replica_pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} the replica");
+    };
+    // The replica stops acknowledging; eight more writes, made on thread 0 for shard 1's
+    // keys, move the connection to thread 1 after the last of them.
+    signal("-STOP");
+    let migrations = || int_field(&info(&mut master.client(), "transactions"), "migrations");
+    let moves_before = migrations();
+    for k in keys_on(1) {
+        assert_ok(mc.cmd(&["SET", &k, "v"]), "SET on shard 1");
+    }
+    let moved = migrations() > moves_before;
+    let waited = mc.cmd(&["WAIT", "1", "300"]);
+    signal("-CONT");
+    assert!(moved, "the connection moved to thread 1");
+    assert_eq!(
+        waited,
+        Resp::Integer(0),
+        "WAIT 1 300 with the only replica stopped, after writes made before a move"
+    );
+    assert_eq!(
+        mc.cmd(&["WAIT", "1", "5000"]),
+        Resp::Integer(1),
+        "WAIT 1 5000 once the replica runs again"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Expiry on a replica
 // ---------------------------------------------------------------------------

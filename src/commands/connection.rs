@@ -264,7 +264,6 @@ fn on_off(arg: &[u8]) -> Option<bool> {
     }
 }
 
-/// Holds a command back while CLIENT PAUSE is in force for it.
 /// Whether a CLIENT PAUSE is set (maybe already over): checked before each command, so
 /// that the wait's future is only made while one is.
 #[inline]
@@ -272,6 +271,7 @@ pub fn pause_set(sess: &Session) -> bool {
     sess.worker.clients.borrow().pause.until_unix_ms != 0
 }
 
+/// Holds a command back while CLIENT PAUSE is in force for it.
 pub async fn wait_if_paused(sess: &mut Session, args: &[Bytes]) {
     loop {
         let (pause, notify) = {

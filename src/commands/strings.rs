@@ -308,8 +308,10 @@ fn set_generic(
         }
     }
     // A plain SET needs nothing of the old key: it is replaced in the same probe that
-    // finds it (`ExecCtx::set` expires it first if its time is up).
-    let existing = if o.nx || o.xx || o.keepttl {
+    // finds it (`ExecCtx::set_unlooked` expires it first if its time is up, and counts
+    // the access the lookup would have counted).
+    let looked = o.nx || o.xx || o.keepttl || o.get;
+    let existing = if looked {
         ctx.get(key).map(|e| e.expire_at())
     } else {
         None
@@ -330,7 +332,11 @@ fn set_generic(
     } else {
         0
     };
-    ctx.set(key, given(value), expire);
+    if looked {
+        ctx.set(key, given(value), expire);
+    } else {
+        ctx.set_unlooked(key, given(value), expire);
+    }
     ctx.notify(b'$', "set", key);
     if o.expire.is_some() {
         ctx.notify(b'g', "expire", key);

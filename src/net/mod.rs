@@ -1,9 +1,10 @@
 //! Every client socket and its bytes: the thread's event loop (`event_loop`, `uring`),
 //! sockets as connections see them (plain TCP, or TLS over TCP with rustls, behind one
-//! `Stream` type), the listeners (`listen`), a connection's life from accept to close (`conn`), the HTTP endpoints
-//! (`http`) and the TLS settings (`tls`). Nothing outside this folder reads, writes or
-//! shuts a client's socket. Never runs a command or touches shard data: a connection
-//! hands its parsed commands to `server::dispatch` and sends what they left in its buffer.
+//! `Stream` type), the listeners (`listen`), a connection's life from accept to close
+//! (`conn`), the HTTP endpoints (`http`) and the TLS settings (`tls`). Nothing outside
+//! this folder reads, writes or shuts a client's socket. Never runs a command or touches
+//! shard data: a connection hands its parsed commands to `server::dispatch` and sends what
+//! they left in its buffer.
 
 pub mod conn;
 pub mod event_loop;

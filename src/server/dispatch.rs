@@ -1,8 +1,9 @@
 //! Running a connection's parsed commands: a group in order, pipelined runs bound for one
 //! other shard squashed into one hop, a command on this thread's shard run inline, the
 //! rest through `commands::execute`; and the write barrier of `appendfsync always`
-//! between a group's commands and their replies. Never touches a socket: replies go into
-//! the session's output buffer, and `net::conn` sends them.
+//! between a group's commands and their replies. Makes no socket call: replies go into
+//! the session's output buffer, which `net::conn` sends (mid-pipeline too, through
+//! `net::conn::drain_output`, once it passes 64 KiB).
 
 use std::sync::atomic::Ordering;
 

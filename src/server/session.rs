@@ -98,7 +98,7 @@ pub struct Session {
 
 /// The part of a connection's state that goes with it when it moves to another thread:
 /// what earlier commands chose (SELECT, HELLO, AUTH, CLIENT NO-TOUCH, CLIENT REPLY,
-/// READONLY, ASKING). Nothing in it belongs to one thread.
+/// READONLY, ASKING) and what WAIT measures from. Nothing in it belongs to one thread.
 pub struct Carried {
     pub db: usize,
     pub resp3: bool,
@@ -109,6 +109,10 @@ pub struct Carried {
     pub reply_mode: ReplyMode,
     pub readonly: bool,
     pub asking: bool,
+    /// WAIT's reference (`Session::wrote_since_wait`, `write_offset`): writes made on the
+    /// old thread still count.
+    pub wrote_since_wait: bool,
+    pub write_offset: u64,
 }
 
 impl Carried {
@@ -124,6 +128,8 @@ impl Carried {
             reply_mode: ReplyMode::On,
             readonly: false,
             asking: false,
+            wrote_since_wait: false,
+            write_offset: 0,
         }
     }
 }
@@ -172,8 +178,8 @@ impl Session {
             unflushed_write: false,
             replaying: false,
             replconf: None,
-            wrote_since_wait: false,
-            write_offset: 0,
+            wrote_since_wait: c.wrote_since_wait,
+            write_offset: c.write_offset,
             tracking: false,
             caching: false,
             forced: Vec::new(),
@@ -196,6 +202,8 @@ impl Session {
             reply_mode: self.reply_mode,
             readonly: self.readonly,
             asking: self.asking,
+            wrote_since_wait: self.wrote_since_wait,
+            write_offset: self.write_offset,
         }
     }
 

@@ -992,12 +992,24 @@ impl ExecCtx<'_> {
 
     /// Stores `value` at `key` with expiry `expire_at` (0: none) and signals the change.
     pub fn set(&mut self, key: &[u8], value: Value, expire_at: u64) {
+        self.store(key, value, expire_at, false);
+    }
+
+    /// `set` for a command that did not look the key up first (a plain SET): the old
+    /// key's access is counted here, as the lookup would have counted it (under LFU the
+    /// overwritten key's counter is raised before the new value keeps it, as Redis's
+    /// lookup before the write does).
+    pub fn set_unlooked(&mut self, key: &[u8], value: Value, expire_at: u64) {
+        self.store(key, value, expire_at, !self.no_touch);
+    }
+
+    fn store(&mut self, key: &[u8], value: Value, expire_at: u64, touch_old: bool) {
         let stamp = self.shard.stamp(self.now_ms);
         let lru = stamp.fresh();
         let mut old = self.shard.dbs[self.db]
             .table
             .insert(key, value, expire_at, lru);
-        // A command that writes without looking first (a plain SET) may have replaced a
+        // A command that writes without looking first (`set_unlooked`) may have replaced a
         // key whose time was up. A lookup would have expired it before the write, as
         // Redis's does: so it is expired now, and the new key is a new one. (A replica's
         // keys go only when its master says so.)
@@ -1013,7 +1025,7 @@ impl ExecCtx<'_> {
             None => self.shard.event(self.db, b'n', "new", key),
             // Under LFU an overwritten key keeps its frequency, as in Redis.
             Some(o) if stamp.is_lfu() => {
-                let kept = o.lru;
+                let kept = if touch_old { stamp.apply(o.lru) } else { o.lru };
                 if let Some(e) = self.shard.dbs[self.db].table.get_mut(key) {
                     e.lru = kept;
                 }
