@@ -223,46 +223,25 @@ impl Session {
     /// A session with no client behind it (the AOF replay).
     pub fn detached(worker: &Rc<Worker>, id: u64) -> Session {
         use crate::shard::clients::{ClientHandle, ClientInfo};
-        Session {
-            worker: worker.clone(),
-            id,
+        let handle = ClientHandle::new(ClientInfo::new(id, "aof".into(), String::new(), -1));
+        let carried = Carried {
             db: 0,
-            out: Reply::new(false),
+            resp3: false,
             authenticated: true,
             user: std::sync::Arc::new(crate::acl::User::default_user()),
+            // Never the ACL's version: the replay's user is not looked up again.
             acl_version: u64::MAX,
             no_touch: false,
-            multi: None,
-            watching: None,
-            in_exec: false,
             reply_mode: ReplyMode::On,
-            close_after_reply: false,
-            handle: ClientHandle::new(ClientInfo::new(id, "aof".into(), String::new(), -1)),
-            affinity: (worker.id, 0),
-            route_hint: None,
-            push_rx: None,
-            push_tx: None,
-            push_queued: Default::default(),
-            obuf_soft_since: Default::default(),
-            monitoring: false,
-            channels: Vec::new(),
-            shard_channels: Vec::new(),
-            patterns: Vec::new(),
-            flushed_mid_command: 0,
-            aof_pending: Vec::new(),
-            unflushed_replies: 0,
-            unflushed_write: false,
-            replaying: false,
-            replconf: None,
+            readonly: false,
+            asking: false,
             wrote_since_wait: false,
             write_offset: 0,
-            tracking: false,
-            caching: false,
-            forced: Vec::new(),
-            blocked_us: 0,
-            last_block: None,
-            asking: false,
-            readonly: false,
+        };
+        Session {
+            // No client reads its replies: no room kept for them.
+            out: Reply::new(false),
+            ..Session::open(worker, id, handle, carried)
         }
     }
 
