@@ -225,18 +225,11 @@ impl Session {
         use crate::shard::clients::{ClientHandle, ClientInfo};
         let handle = ClientHandle::new(ClientInfo::new(id, "aof".into(), String::new(), -1));
         let carried = Carried {
-            db: 0,
-            resp3: false,
             authenticated: true,
             user: std::sync::Arc::new(crate::acl::User::default_user()),
             // Never the ACL's version: the replay's user is not looked up again.
             acl_version: u64::MAX,
-            no_touch: false,
-            reply_mode: ReplyMode::On,
-            readonly: false,
-            asking: false,
-            wrote_since_wait: false,
-            write_offset: 0,
+            ..Carried::fresh(&worker.shared)
         };
         Session {
             // No client reads its replies: no room kept for them.
