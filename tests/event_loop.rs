@@ -706,6 +706,39 @@ fn a_moved_connection_is_reachable_on_its_new_thread() {
     assert_eq!(admin.cmd(&["LLEN", &q]), Resp::Integer(1));
 }
 
+/// A connection's first line is checked for an HTTP request line once, on the thread
+/// that accepted it: after a move, an inline request that happens to end in ` HTTP/1.1`
+/// is still a RESP request, answered as Redis answers it.
+#[test]
+fn a_moved_connection_is_not_taken_for_http() {
+    let s = KiteServer::start(&["--migrate-connections", "yes"], 2);
+    let mut admin = client(&s);
+    let tags = [tag_on_shard("mvh", 0, 2), tag_on_shard("mvh", 1, 2)];
+    let before = info_int(&mut admin, "transactions", "migrations");
+    let mut conn = client(&s);
+    // Eight commands for a thread's keys move the connection there after the eighth,
+    // so the line below is the first the connection sends on its new thread.
+    for tag in &tags {
+        for i in 0..8 {
+            assert_eq!(
+                conn.cmd(&["SET", &format!("{{{tag}}}:k{i}"), "v"]),
+                Resp::ok()
+            );
+        }
+    }
+    let after = info_int(&mut admin, "transactions", "migrations");
+    assert!(
+        after > before,
+        "the connection never moved ({before} -> {after})"
+    );
+    conn.send_raw(b"GET /x HTTP/1.1\r\n");
+    assert_eq!(
+        conn.read(),
+        Resp::Error("ERR wrong number of arguments for 'get' command".into())
+    );
+    assert_eq!(conn.cmd(&["PING"]), Resp::Simple("PONG".into()));
+}
+
 // ---------------------------------------------------------------------------
 // 4. Sleeping threads are always woken
 // ---------------------------------------------------------------------------

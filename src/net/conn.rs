@@ -37,6 +37,9 @@ pub struct Moving {
     preface: Vec<u8>,
     /// The TLS session of a connection accepted on `tls-port`, not yet started.
     tls: Option<rustls::ServerConnection>,
+    /// Its first line was RESP, not an HTTP request line: checked once, where it was
+    /// accepted, not again after a move.
+    resp_confirmed: bool,
 }
 
 enum Exit {
@@ -126,6 +129,7 @@ pub fn accept_with(
         session: Carried::fresh(shared),
         preface: output,
         tls,
+        resp_confirmed: false,
     };
     crate::net::event_loop::spawn_local(serve(worker.clone(), moving));
 }
@@ -145,6 +149,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
         session,
         preface,
         tls,
+        resp_confirmed,
     } = m;
     let _ = stream.set_nonblocking(true);
     let _ = stream.set_nodelay(true);
@@ -163,6 +168,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
     let id = info.id;
     info.user = session.user.name.as_str().into();
     let handle = ClientHandle::new(info);
+    handle.resp_confirmed.set(resp_confirmed);
     if !preface.is_empty() {
         *handle.hook_out.borrow_mut() = preface;
         handle.hook_touched.set(true);
@@ -200,6 +206,7 @@ async fn serve(worker: Rc<Worker>, m: Moving) {
                         session,
                         preface: Vec::new(),
                         tls: None,
+                        resp_confirmed: handle.resp_confirmed.get(),
                     };
                     worker
                         .shared
@@ -274,8 +281,9 @@ async fn conn_loop(
             .load(Ordering::Relaxed),
     };
     // Until a connection's first line is known not to be an HTTP request line, nothing
-    // is parsed as RESP (only connections starting with "G" or "H" wait for it).
-    let mut first_line_checked = false;
+    // is parsed as RESP (only connections starting with "G" or "H" wait for it). A
+    // connection that moved here was checked where it was accepted.
+    let mut first_line_checked = sess.handle.resp_confirmed.get();
     let mut sniffed = 0;
     // One vector for every group this connection parses, not one allocated per read.
     let mut cmds: Vec<Vec<Bytes>> = Vec::new();
