@@ -664,6 +664,33 @@ fn migrating_connection_keeps_order() {
     }
 }
 
+/// Moves `conn` (of a two-thread server started with `--migrate-connections yes`) so
+/// that it ends on the thread of the second of the two tags returned: whichever thread
+/// it starts on, `per_tag` SETs for each thread's tag in turn move it at least once.
+fn move_to_second_thread(
+    admin: &mut Client,
+    conn: &mut Client,
+    prefix: &str,
+    per_tag: usize,
+) -> [String; 2] {
+    let tags = [tag_on_shard(prefix, 0, 2), tag_on_shard(prefix, 1, 2)];
+    let before = info_int(admin, "transactions", "migrations");
+    for tag in &tags {
+        for i in 0..per_tag {
+            assert_eq!(
+                conn.cmd(&["SET", &format!("{{{tag}}}:k{i}"), "v"]),
+                Resp::ok()
+            );
+        }
+    }
+    let after = info_int(admin, "transactions", "migrations");
+    assert!(
+        after > before,
+        "the connection never moved ({before} -> {after})"
+    );
+    tags
+}
+
 /// A connection that moved to another thread is found there by what must reach its
 /// socket (a connection's state holds no socket: net lists it by client id): a blocked
 /// pop after the move still sees the client leave, and DEBUG (`enable-debug-command
@@ -672,24 +699,8 @@ fn migrating_connection_keeps_order() {
 fn a_moved_connection_is_reachable_on_its_new_thread() {
     let s = KiteServer::start(&["--migrate-connections", "yes"], 2);
     let mut admin = client(&s);
-    let tags = [tag_on_shard("mvb", 0, 2), tag_on_shard("mvb", 1, 2)];
-    let before = info_int(&mut admin, "transactions", "migrations");
     let mut conn = client(&s);
-    // Whichever thread it starts on, a run of commands for each thread's tag in turn
-    // moves it at least once; it ends on the thread of `tags[1]`.
-    for tag in &tags {
-        for i in 0..12 {
-            assert_eq!(
-                conn.cmd(&["SET", &format!("{{{tag}}}:k{i}"), "v"]),
-                Resp::ok()
-            );
-        }
-    }
-    let after = info_int(&mut admin, "transactions", "migrations");
-    assert!(
-        after > before,
-        "the connection never moved ({before} -> {after})"
-    );
+    let tags = move_to_second_thread(&mut admin, &mut conn, "mvb", 12);
     assert_eq!(conn.cmd(&["DEBUG", "SLEEP", "0"]), Resp::ok());
     let blocked_before = info_int(&mut admin, "clients", "blocked_clients");
     conn.send_raw(&encode_command(&cmd(&[
@@ -713,24 +724,10 @@ fn a_moved_connection_is_reachable_on_its_new_thread() {
 fn a_moved_connection_is_not_taken_for_http() {
     let s = KiteServer::start(&["--migrate-connections", "yes"], 2);
     let mut admin = client(&s);
-    let tags = [tag_on_shard("mvh", 0, 2), tag_on_shard("mvh", 1, 2)];
-    let before = info_int(&mut admin, "transactions", "migrations");
     let mut conn = client(&s);
     // Eight commands for a thread's keys move the connection there after the eighth,
     // so the line below is the first the connection sends on its new thread.
-    for tag in &tags {
-        for i in 0..8 {
-            assert_eq!(
-                conn.cmd(&["SET", &format!("{{{tag}}}:k{i}"), "v"]),
-                Resp::ok()
-            );
-        }
-    }
-    let after = info_int(&mut admin, "transactions", "migrations");
-    assert!(
-        after > before,
-        "the connection never moved ({before} -> {after})"
-    );
+    move_to_second_thread(&mut admin, &mut conn, "mvh", 8);
     conn.send_raw(b"GET /x HTTP/1.1\r\n");
     assert_eq!(
         conn.read(),

@@ -36,7 +36,7 @@ use hashbrown::HashMap;
 
 use crate::server::session::Session;
 use crate::shard::tx::Tx;
-use crate::shard::{exec_here, run_batch_on, BatchSpec, ExecCtx};
+use crate::shard::{exec_here, run_batch_on, ExecCtx};
 
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 
@@ -882,14 +882,7 @@ async fn run_on_shard(
     }
     let mut cmds = crate::shard::hops::cmds();
     cmds.push_back((cmd, args));
-    let spec = BatchSpec {
-        db: sess.db,
-        resp3: sess.out.resp3,
-        client_id: sess.id,
-        no_touch: sess.no_touch,
-        atomic: None,
-        reader: sess.reader(),
-    };
+    let spec = sess.batch_spec(sess.reader());
     let result = run_batch_on(&worker, target, cmds, spec).await;
     crate::shard::settle(result.settle).await;
     sess.out.buf.extend_from_slice(&result.out.buf);

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
 use crate::net::conn::{drain_output, FLUSH_AT};
 use crate::server::session::{ReplyMode, Session};
-use crate::shard::{run_batch_on, BatchSpec};
+use crate::shard::run_batch_on;
 
 /// Whether a command may change the dataset, so that its reply waits for the AOF.
 fn may_write(cmd: &Command) -> bool {
@@ -216,24 +216,9 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             }
             note_affinity(sess, target, n as u32);
             let worker = sess.worker.clone();
-            let spec = BatchSpec {
-                db: sess.db,
-                resp3: sess.out.resp3,
-                client_id: sess.id,
-                no_touch: sess.no_touch,
-                atomic: None,
-                reader: None,
-            };
             let mut batch = batch;
             loop {
-                let spec = BatchSpec {
-                    db: spec.db,
-                    resp3: spec.resp3,
-                    client_id: spec.client_id,
-                    no_touch: spec.no_touch,
-                    atomic: None,
-                    reader: None,
-                };
+                let spec = sess.batch_spec(None);
                 let mut result = run_batch_on(&worker, target, batch, spec).await;
                 crate::shard::settle(std::mem::take(&mut result.settle)).await;
                 sess.out.buf.extend_from_slice(&result.out.buf);

@@ -190,6 +190,19 @@ impl Session {
         }
     }
 
+    /// How a batch of this connection's commands runs on another shard, outside a
+    /// transaction; `reader` is its CLIENT TRACKING state where that is wanted.
+    pub fn batch_spec(&self, reader: Option<crate::tracking::Reader>) -> crate::shard::BatchSpec {
+        crate::shard::BatchSpec {
+            db: self.db,
+            resp3: self.out.resp3,
+            client_id: self.id,
+            no_touch: self.no_touch,
+            atomic: None,
+            reader,
+        }
+    }
+
     /// What goes with the connection if it moves to another thread.
     pub fn carried(&self) -> Carried {
         Carried {
