@@ -2590,3 +2590,221 @@ fn a_connection_moves_after_a_blocking_pop_with_its_input() {
     let moved = info_int(&mut admin, "transactions", "migrations") - before;
     assert!(moved > 0, "no connection moved");
 }
+
+// ---------------------------------------------------------------------------
+// Multishot receives (docs/event-loop.md, "Multishot receives")
+// ---------------------------------------------------------------------------
+
+/// How the server reads plain sockets: `multishot` (one receive armed per connection,
+/// completing for every request), `single` (one receive per wait), `recv` (the loop
+/// reads sockets itself, on epoll). Checked against what the loop waits on.
+fn receives_of(c: &mut Client) -> String {
+    let receives = info_field(c, "server", "kite_receives");
+    let api = info_field(c, "server", "multiplexing_api");
+    match (api.as_str(), receives.as_str()) {
+        ("io_uring", "multishot" | "single") | ("epoll", "recv") => receives,
+        _ => panic!("multiplexing_api:{api} with kite_receives:{receives}"),
+    }
+}
+
+/// On a ring with provided buffers a connection's receive is armed once and stays armed
+/// across its requests: `read_ahead_batches` (passes that armed receives) must not grow
+/// with unpipelined requests, while `reads_ahead` (completions that brought bytes) does.
+#[test]
+fn a_receive_stays_armed_across_requests() {
+    const REQUESTS: i64 = 300;
+    let s = KiteServer::start(&[], 1);
+    let mut admin = client(&s);
+    let mut c = client(&s);
+    c.cmd(&["PING"]);
+    let receives = receives_of(&mut admin);
+    if receives != "multishot" {
+        eprintln!("kite_receives:{receives}: nothing to check here");
+        return;
+    }
+    let armed_before = info_int(&mut admin, "transactions", "read_ahead_batches");
+    let read_before = info_int(&mut admin, "transactions", "reads_ahead");
+    for i in 0..REQUESTS {
+        let msg = format!("m{i}");
+        assert_eq!(c.cmd(&["ECHO", &msg]), bulk(&msg));
+    }
+    let armed = info_int(&mut admin, "transactions", "read_ahead_batches") - armed_before;
+    let read = info_int(&mut admin, "transactions", "reads_ahead") - read_before;
+    assert!(
+        read >= REQUESTS,
+        "{REQUESTS} requests, {read} receives that brought bytes"
+    );
+    // The admin connection's own INFO requests arm nothing new either; a few re-arms
+    // (a receive ended by the kernel) are allowed, one per request is not.
+    assert!(
+        armed < REQUESTS / 10,
+        "{armed} passes armed receives for {REQUESTS} unpipelined requests"
+    );
+}
+
+/// Requests larger than a provided buffer, sent whole and in pieces, pipelined with small
+/// ones: a receive that fills a buffer hands the rest of the socket to the reader, and
+/// the bytes must stay whole and in order on both paths.
+#[test]
+fn requests_larger_than_a_receive_buffer_stay_whole() {
+    let s = KiteServer::start(&[], 1);
+    let mut c = client(&s);
+    let mut rng = Rng::new(0x5EC0_0001);
+    for (round, len) in [20_000usize, 70_000, 1_000_000, 16 * 1024, 16 * 1024 + 1]
+        .into_iter()
+        .enumerate()
+    {
+        let value = value_of(&mut rng, len);
+        let key = format!("big:{round}");
+        let mut wire = encode_command(&["SET".as_bytes(), key.as_bytes(), &value]);
+        wire.extend(encode_command(&["ECHO", "after"]));
+        wire.extend(encode_command(&["STRLEN", &key]));
+        if round % 2 == 0 {
+            c.send_raw(&wire);
+        } else {
+            for piece in wire.chunks(7_001) {
+                c.send_raw(piece);
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+        assert_eq!(c.read(), Resp::Simple("OK".into()), "SET of {len} bytes");
+        assert_eq!(c.read(), bulk("after"), "ECHO after {len} bytes");
+        assert_eq!(c.read(), Resp::Integer(len as i64), "STRLEN of {len} bytes");
+        assert_eq!(c.cmd(&["GET".as_bytes(), key.as_bytes()]), bulk(&value));
+    }
+}
+
+/// A client that keeps sending while its connection waits to write (it reads none of its
+/// large replies) must be held back by the kernel's flow control: the server stops
+/// taking its bytes after a bounded amount instead of reading them all into memory.
+/// Then every reply still arrives, in order.
+#[test]
+fn a_client_that_does_not_read_cannot_make_the_server_buffer_its_input() {
+    const BIG: usize = 4 << 20;
+    const GETS: usize = 16;
+    // Past this the server took far more than any socket buffer holds.
+    const CEILING: usize = 96 << 20;
+    let s = KiteServer::start(&[], 1);
+    let mut c = client(&s);
+    let big = "x".repeat(BIG);
+    assert_eq!(c.cmd(&["SET", "big", &big]), Resp::Simple("OK".into()));
+    let wire: Vec<u8> = (0..GETS)
+        .flat_map(|_| encode_command(&["GET", "big"]))
+        .collect();
+    c.send_raw(&wire);
+    let filler_msg = "p".repeat(1000);
+    let filler = encode_command(&["ECHO", &filler_msg]);
+    let mut stream = c.try_clone_stream();
+    stream.set_nonblocking(true).unwrap();
+    let mut sent = 0usize;
+    let mut pos = 0usize;
+    let mut idle_since = Instant::now();
+    // Sends echo requests until the server has taken nothing for a second, or past the
+    // ceiling.
+    while sent < CEILING {
+        match stream.write(&filler[pos..]) {
+            Ok(n) => {
+                sent += n;
+                pos = (pos + n) % filler.len();
+                idle_since = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if idle_since.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("send failed after {sent} bytes: {e}"),
+        }
+    }
+    stream.set_nonblocking(false).unwrap();
+    assert!(
+        sent < CEILING,
+        "the server took {sent} bytes from a client that reads none of its replies"
+    );
+    // The last request is finished once the replies are being read.
+    let rest = (filler.len() - pos) % filler.len();
+    let echoes = (sent + rest) / filler.len();
+    let mut finisher = stream.try_clone().unwrap();
+    let last = filler[pos..].to_vec();
+    let finishing = thread::spawn(move || {
+        if !last.is_empty() && last.len() < filler.len() {
+            finisher.write_all(&last).unwrap();
+        }
+    });
+    for i in 0..GETS {
+        let r = c.read();
+        assert!(
+            matches!(&r, Resp::Bulk(v) if v.len() == BIG),
+            "GET {i}: {}",
+            short(&r)
+        );
+    }
+    for i in 0..echoes {
+        assert_eq!(c.read(), bulk(&filler_msg), "echo {i} of {echoes}");
+    }
+    finishing.join().unwrap();
+    assert_eq!(c.cmd(&["PING"]), Resp::Simple("PONG".into()));
+}
+
+/// While a script is busy the hook holds what each client sends, up to 1 MiB: a client
+/// that streams a request larger than that (a bulk string arriving in small pieces, as
+/// a multishot receive brings them) is given up on, not buffered for as long as the
+/// script runs: once the script is killed its connection closes and its request never
+/// runs.
+#[test]
+fn a_client_streaming_into_a_busy_server_is_closed_past_the_hooks_limit() {
+    const PIECE: usize = 4096;
+    const PIECES: usize = 384; // 1.5 MiB
+    let s = KiteServer::start(&[], 1);
+    let mut admin = client(&s);
+    assert_eq!(
+        admin.cmd(&["CONFIG", "SET", "busy-reply-threshold", "10"]),
+        Resp::ok()
+    );
+    let mut runner = client(&s);
+    let mut streamer = client(&s);
+    assert_eq!(streamer.cmd(&["PING"]), Resp::simple("PONG"));
+    let script = a_script_without_end();
+    runner.send(&["EVAL", script.as_str(), "0"]);
+    // Busy once another client is answered -BUSY.
+    let mut tries = 0;
+    loop {
+        let r = admin.cmd(&["PING"]);
+        if r.error_text().is_some_and(|e| e.starts_with("BUSY")) {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 10_000, "the script never made the server busy: {r}");
+        thread::sleep(Duration::from_millis(2));
+    }
+    let header = format!("*3\r\n$3\r\nSET\r\n$6\r\nstream\r\n${}\r\n", PIECE * PIECES);
+    let mut sent = 0;
+    if streamer.try_send_raw(header.as_bytes()).is_ok() {
+        let piece = vec![b'x'; PIECE];
+        for _ in 0..PIECES {
+            if streamer.try_send_raw(&piece).is_err() {
+                break;
+            }
+            sent += PIECE;
+            // Pieces apart, mostly one per look of the hook (every 5 ms), so that no
+            // receive fills a whole buffer (which would hand the socket back to the
+            // hook's own reads).
+            thread::sleep(Duration::from_millis(6));
+        }
+    }
+    // The connection closes when its task runs again, once the script is over; its
+    // request, which the hook gave up on, never runs.
+    assert_eq!(admin.cmd(&["SCRIPT", "KILL"]), Resp::ok());
+    let r = runner.read();
+    assert!(
+        r.error_text().is_some_and(|e| e.contains("killed")),
+        "the killed script answered {r}"
+    );
+    assert_closed(
+        &mut streamer,
+        &format!("a client that sent {sent} bytes of one request to a busy server"),
+    );
+    assert_eq!(admin.cmd(&["EXISTS", "stream"]), Resp::Integer(0));
+    assert_eq!(admin.cmd(&["PING"]), Resp::simple("PONG"));
+}

@@ -201,7 +201,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
         let (multiplexing, sends, uring_error) = crate::net::uring::describe();
         let _ = write!(
             s,
-            "# Server\r\nredis_version:{v}\r\nredis_git_sha1:00000000\r\nredis_git_dirty:0\r\nredis_build_id:0\r\nredis_mode:standalone\r\nos:{os}\r\narch_bits:64\r\nmonotonic_clock:POSIX clock_gettime\r\nmultiplexing_api:{multiplexing}\r\natomicvar_api:c11-builtin\r\ngcc_version:0.0.0\r\nprocess_id:{pid}\r\nprocess_supervised:no\r\nrun_id:{run}\r\ntcp_port:{port}\r\nserver_time_usec:{now}\r\nuptime_in_seconds:{up}\r\nuptime_in_days:{days}\r\nhz:{hz}\r\nconfigured_hz:{hz}\r\nlru_clock:{lru}\r\nexecutable:{exe}\r\nconfig_file:{cf}\r\nio_threads_active:0\r\nkite_version:{kv}\r\nkite_threads:{threads}\r\nkite_reply_sends:{sends}\r\nkite_io_uring_error:{uring_error}\r\n\r\n",
+            "# Server\r\nredis_version:{v}\r\nredis_git_sha1:00000000\r\nredis_git_dirty:0\r\nredis_build_id:0\r\nredis_mode:standalone\r\nos:{os}\r\narch_bits:64\r\nmonotonic_clock:POSIX clock_gettime\r\nmultiplexing_api:{multiplexing}\r\natomicvar_api:c11-builtin\r\ngcc_version:0.0.0\r\nprocess_id:{pid}\r\nprocess_supervised:no\r\nrun_id:{run}\r\ntcp_port:{port}\r\nserver_time_usec:{now}\r\nuptime_in_seconds:{up}\r\nuptime_in_days:{days}\r\nhz:{hz}\r\nconfigured_hz:{hz}\r\nlru_clock:{lru}\r\nexecutable:{exe}\r\nconfig_file:{cf}\r\nio_threads_active:0\r\nkite_version:{kv}\r\nkite_threads:{threads}\r\nkite_reply_sends:{sends}\r\nkite_io_uring_error:{uring_error}\r\nkite_receives:{receives}\r\n\r\n",
             v = SERVER_VERSION,
             os = std::env::consts::OS,
             pid = std::process::id(),
@@ -218,6 +218,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
             threads = worker.nshards(),
             sends = sends,
             uring_error = uring_error,
+            receives = crate::net::uring::receives(),
         );
     }
     if show("clients") {

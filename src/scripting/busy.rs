@@ -103,7 +103,8 @@ pub fn serve(worker: &Rc<Worker>) {
         let alive = match crate::net::event_loop::take_read_ahead(fd, &mut input) {
             None => false,
             Some(true) => stream_io::recv_now(fd, &mut input, MAX_HELD_INPUT),
-            Some(false) => true,
+            // The loop's receive brings its bytes while the script runs: the same limit.
+            Some(false) => input.len() <= MAX_HELD_INPUT,
         };
         if !alive {
             drop(input);

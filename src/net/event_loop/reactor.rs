@@ -18,7 +18,11 @@
 //! bytes before it reads the socket itself, and so must anything else that reads it (the
 //! busy-script hook, through `take_read_ahead`; a migrating connection, through
 //! `Socket::into_std`), so bytes never change order. Nothing reads a socket whose receive
-//! is armed, and the slot's buffer is not touched until its completion.
+//! is armed. Where the ring has provided buffers (`receive_many`), the receive is
+//! multishot: it stays armed across requests, each completion's bytes are copied from
+//! the ring's buffer to the end of `ahead`, and the reader takes them while it stays
+//! armed. Otherwise it is one receive into `ahead`'s spare room, which is not touched
+//! until its completion.
 
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
@@ -47,6 +51,19 @@ const AHEAD_ROOM: usize = 16 * 1024;
 /// empty, so the kernel waits for bytes before it tries.
 const RECV_POLL_FIRST: u16 = 1;
 
+/// The ring's provided-buffer group that multishot receives take their buffers from.
+pub(crate) const RECEIVE_GROUP: u16 = 0;
+
+/// Bytes of each of the ring's provided buffers: a completion that fills one is a large
+/// request's, whose rest the reader reads itself.
+pub(crate) const RECEIVE_BUFFER: usize = AHEAD_ROOM;
+
+/// Bytes a multishot receive may pile up in `ahead` before it is cancelled. Its reader
+/// is busy (a long pipeline, a client that does not read its replies): past this, the
+/// bytes stay in the socket, where the kernel's flow control holds the client back,
+/// and the reader reads them itself when it comes to them.
+const AHEAD_LIMIT: usize = 4 * AHEAD_ROOM;
+
 /// Epoll events a socket read through the ring is registered for: writability only (a
 /// send cut short waits for it), so arriving bytes cost no epoll event.
 const RING_READ_EVENTS: u32 = (libc::EPOLLOUT | libc::EPOLLET) as u32;
@@ -62,6 +79,12 @@ thread_local! {
     static BY_FD: RefCell<Vec<Option<Rc<IoSlot>>>> = const { RefCell::new(Vec::new()) };
     /// Sockets whose reader asked for a receive, for the pass's `io_uring_enter`.
     static TO_ARM: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
+    /// Receives are multishot, into the ring's provided buffers (`uring` registered them).
+    static MULTISHOT: Cell<bool> = const { Cell::new(false) };
+    /// Sockets whose multishot receive is to be cancelled by the next pass: its reader
+    /// fell behind (`AHEAD_LIMIT`), or a completion filled a whole buffer (a large
+    /// request, which the reader reads faster itself, with no copy).
+    static TO_CANCEL: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
 }
 
 pub(super) fn set_epoll(fd: RawFd) {
@@ -72,6 +95,17 @@ pub(super) fn set_epoll(fd: RawFd) {
 /// once its ring waits for the thread).
 pub(crate) fn read_through_ring(on: bool) {
     RING_READS.with(|r| r.set(on));
+}
+
+/// From now on, receives armed on this thread are multishot, into the ring's provided
+/// buffers (`RECEIVE_GROUP`); off again if the kernel refuses one.
+pub(crate) fn receive_many(on: bool) {
+    MULTISHOT.with(|m| m.set(on));
+}
+
+/// Whether this thread's receives are multishot.
+pub(crate) fn receives_many() -> bool {
+    MULTISHOT.with(|m| m.get())
 }
 
 /// What a caller waits for.
@@ -101,9 +135,14 @@ struct IoSlot {
     read_ahead: Cell<bool>,
     /// Read through the ring: its reader asks for receives instead of waiting for epoll.
     on_ring: Cell<bool>,
-    /// A receive into `ahead`'s spare capacity is in the kernel: nothing else may read
-    /// the socket or touch `ahead` until its completion.
+    /// A receive is in the kernel: nothing else may read the socket until its (last)
+    /// completion, nor touch `ahead` unless the receive is multishot.
     armed: Cell<bool>,
+    /// The armed receive is multishot: it writes into the ring's buffers, not `ahead`,
+    /// and ends only with a completion without `IORING_CQE_F_MORE`.
+    armed_many: Cell<bool>,
+    /// Listed in `TO_CANCEL`.
+    cancel_asked: Cell<bool>,
     /// Listed in `TO_ARM`.
     arm_asked: Cell<bool>,
     /// Bytes the armed receive may write.
@@ -118,15 +157,20 @@ struct IoSlot {
 }
 
 impl IoSlot {
+    /// Whether the kernel may be writing into `ahead` now.
+    fn ahead_lent(&self) -> bool {
+        self.armed.get() && !self.armed_many.get()
+    }
+
     fn holds_ahead(&self) -> bool {
         self.read_ahead.get()
-            && !self.armed.get()
+            && !self.ahead_lent()
             && (!self.ahead.borrow().is_empty() || self.broken.get())
     }
 
     /// Moves the bytes read ahead to the end of `buf`; how many.
     fn take_ahead(&self, buf: &mut BytesMut) -> usize {
-        if self.armed.get() {
+        if self.ahead_lent() {
             return 0;
         }
         let mut ahead = self.ahead.borrow_mut();
@@ -142,6 +186,11 @@ impl IoSlot {
         } else {
             buf.extend_from_slice(&ahead);
             ahead.clear();
+        }
+        // A burst a multishot receive brought in for a busy reader (up to the provided
+        // buffers' worth in one wait) does not stay with the connection for its life.
+        if ahead.capacity() > AHEAD_LIMIT {
+            *ahead = BytesMut::new();
         }
         n
     }
@@ -197,6 +246,7 @@ pub(crate) type Token = u64;
 /// fails to give one back: `leave_ring`).
 pub(crate) fn receives_to_arm(push: &mut dyn FnMut(io_uring::squeue::Entry, Token)) -> usize {
     let asked = TO_ARM.with(|t| std::mem::take(&mut *t.borrow_mut()));
+    let many = receives_many();
     let mut armed = 0;
     for slot in &asked {
         slot.arm_asked.set(false);
@@ -207,6 +257,17 @@ pub(crate) fn receives_to_arm(push: &mut dyn FnMut(io_uring::squeue::Entry, Toke
             || !slot.ahead.borrow().is_empty()
             || slot.ready.get() & READABLE != 0
         {
+            continue;
+        }
+        let token = Rc::as_ptr(slot) as usize as Token;
+        if many {
+            let entry =
+                io_uring::opcode::RecvMulti::new(io_uring::types::Fd(slot.fd.get()), RECEIVE_GROUP)
+                    .build();
+            slot.armed.set(true);
+            slot.armed_many.set(true);
+            push(entry, token);
+            armed += 1;
             continue;
         }
         let (buf, room) = {
@@ -220,7 +281,6 @@ pub(crate) fn receives_to_arm(push: &mut dyn FnMut(io_uring::squeue::Entry, Toke
                 spare.len().min(AHEAD_ROOM) as u32,
             )
         };
-        let token = Rc::as_ptr(slot) as usize as Token;
         let entry = io_uring::opcode::Recv::new(io_uring::types::Fd(slot.fd.get()), buf, room)
             .ioprio(RECV_POLL_FIRST)
             .build();
@@ -242,24 +302,53 @@ pub(crate) fn receives_to_arm(push: &mut dyn FnMut(io_uring::squeue::Entry, Toke
 }
 
 /// Applies a receive's completion (`result`: bytes, or a negative errno) to its socket.
-pub(crate) fn received(token: Token, result: i32) {
+/// A multishot receive's completion brings its bytes in `data` (in the ring's buffer,
+/// given back once this returns), and says with `more` whether the receive stays armed.
+pub(crate) fn received(token: Token, result: i32, more: bool, data: &[u8]) {
     // SAFETY: an armed receive's slot holds one `Rc` count (its registration's, or, once
-    // the socket was dropped, one kept for this completion) until this returns.
+    // the socket was dropped, one kept for this completion) until its last completion
+    // returns.
     let slot = unsafe { &*(token as usize as *const IoSlot) };
-    slot.armed.set(false);
+    let many = slot.armed_many.get();
+    let ended = !(many && more);
+    if ended {
+        slot.armed.set(false);
+        slot.armed_many.set(false);
+        slot.cancel_asked.set(false);
+    }
     if slot.leaving.get() {
-        // SAFETY: the count the dropped socket left for this completion.
-        drop(unsafe { Rc::from_raw(token as usize as *const IoSlot) });
+        if ended {
+            // SAFETY: the count the dropped socket left for this completion.
+            drop(unsafe { Rc::from_raw(token as usize as *const IoSlot) });
+        }
         return;
     }
-    if result > 0 {
+    if many && ended && result == -libc::EINVAL {
+        // This kernel takes provided buffers but not multishot receives: one receive per
+        // wait from now on (the woken reader asks for it).
+        if receives_many() {
+            receive_many(false);
+            crate::net::uring::multishot_refused();
+        }
+    } else if result > 0 {
         let mut ahead = slot.ahead.borrow_mut();
-        let len = ahead.len() + result as usize;
-        // SAFETY: the kernel wrote `result` bytes at the start of the spare capacity it
-        // was given, which nothing touched meanwhile.
-        unsafe { ahead.set_len(len) };
+        if many {
+            if data.len() != result as usize {
+                // Bytes the kernel took without handing them over: the stream has a hole.
+                slot.broken.set(true);
+            }
+            ahead.extend_from_slice(data);
+            if more && (ahead.len() >= AHEAD_LIMIT || data.len() >= RECEIVE_BUFFER) {
+                ask_cancel(slot);
+            }
+        } else {
+            let len = ahead.len() + result as usize;
+            // SAFETY: the kernel wrote `result` bytes at the start of the spare capacity
+            // it was given, which nothing touched meanwhile.
+            unsafe { ahead.set_len(len) };
+        }
         drop(ahead);
-        if result as u32 >= slot.armed_len.get() {
+        if (!many && result as u32 >= slot.armed_len.get()) || (many && ended) {
             // More may wait: the reader reads the rest itself, into its own buffer.
             slot.ready.set(slot.ready.get() | READABLE);
         }
@@ -273,10 +362,39 @@ pub(crate) fn received(token: Token, result: i32) {
         // The end of the stream, or an error (reported once): the reader's own read
         // finds the end and closes.
         slot.ready.set(slot.ready.get() | READABLE | READ_CLOSED);
+    } else if many {
+        // Cancelled (its reader fell behind), or out of buffers: what is left stays in
+        // the socket, for the reader to read itself before it asks for a receive again.
+        slot.ready.set(slot.ready.get() | READABLE);
     }
     // Otherwise nothing was read and nothing is wrong with the socket: the woken reader
     // finds nothing to take and asks for another receive.
     slot.wake_reader();
+}
+
+fn ask_cancel(slot: &IoSlot) {
+    if slot.cancel_asked.replace(true) {
+        return;
+    }
+    // SAFETY: `slot` is a live slot's, reached through its token: one more count for the
+    // list, given back when the list is taken.
+    let rc = unsafe {
+        let ptr = slot as *const IoSlot;
+        Rc::increment_strong_count(ptr);
+        Rc::from_raw(ptr)
+    };
+    TO_CANCEL.with(|t| t.borrow_mut().push(rc));
+}
+
+/// The tokens of the multishot receives to cancel, for the pass's `io_uring_enter`: those
+/// still armed among the ones asked for.
+pub(crate) fn receives_to_cancel(push: &mut dyn FnMut(Token)) {
+    let asked = TO_CANCEL.with(|t| std::mem::take(&mut *t.borrow_mut()));
+    for slot in &asked {
+        if slot.armed_many.get() && slot.cancel_asked.get() && !slot.leaving.get() {
+            push(Rc::as_ptr(slot) as usize as Token);
+        }
+    }
 }
 
 /// Whether any reader asked for a receive since the last submission.
@@ -308,7 +426,9 @@ pub(crate) fn armed_receives() -> Vec<Token> {
 /// breaks its connection.
 pub(crate) fn leave_ring() {
     read_through_ring(false);
+    receive_many(false);
     TO_ARM.with(|t| t.borrow_mut().clear());
+    TO_CANCEL.with(|t| t.borrow_mut().clear());
     let epoll = EPOLL.with(|e| e.get());
     BY_FD.with(|by_fd| {
         for slot in by_fd.borrow().iter().flatten() {
@@ -317,7 +437,9 @@ pub(crate) fn leave_ring() {
             }
             slot.arm_asked.set(false);
             if slot.armed.replace(false) {
-                std::mem::forget(std::mem::take(&mut *slot.ahead.borrow_mut()));
+                if !slot.armed_many.replace(false) {
+                    std::mem::forget(std::mem::take(&mut *slot.ahead.borrow_mut()));
+                }
                 slot.broken.set(true);
             }
             let mut ev = libc::epoll_event {
@@ -459,7 +581,8 @@ impl Socket {
     /// the read-ahead left a hole in the stream.
     #[inline]
     pub fn take_read_ahead_into(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        if self.slot.armed.get() || (self.slot.ahead.borrow().is_empty() && !self.slot.broken.get())
+        if self.slot.ahead_lent()
+            || (self.slot.ahead.borrow().is_empty() && !self.slot.broken.get())
         {
             return Ok(0);
         }
@@ -563,7 +686,7 @@ impl Socket {
             // Nothing reads this socket ahead from now on, and what was read dies with it.
             self.slot.on_ring.set(false);
             if self.slot.read_ahead.replace(false) {
-                if !self.slot.armed.get() {
+                if !self.slot.ahead_lent() {
                     self.slot.ahead.borrow_mut().clear();
                 }
                 let fd = self.slot.fd.get() as usize;
