@@ -133,14 +133,13 @@ pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
         return;
     };
     let placement = &sess.worker.shared.placement;
-    for c in cmds {
-        if let Some(key) = c.get(1).filter(|k| k.len() <= PREFETCH_KEY_MAX) {
-            if placement.shard_if_placed(key) != Some(sess.worker.id) {
-                return;
-            }
-            db.table.prefetch(key);
-        }
-    }
+    let here = Some(sess.worker.id);
+    db.table.prefetch_many(
+        cmds.iter()
+            .filter_map(|c| c.get(1).filter(|k| k.len() <= PREFETCH_KEY_MAX))
+            .take_while(|key| placement.shard_if_placed(key) == here)
+            .map(|key| &key[..]),
+    );
 }
 
 /// Runs a group of parsed commands in order.

@@ -221,15 +221,38 @@ impl Table {
         ((hash >> SEG_SHIFT) as usize) & (self.segments.len() - 1)
     }
 
-    /// Starts bringing `key`'s bucket and bytes into the cache, without waiting for them:
-    /// for a pipelined group, whose keys' misses then overlap instead of coming one after
-    /// another as each command runs. Reads the probe group and the first candidate bucket
-    /// (no comparison), and prefetches that bucket's key bytes.
-    #[inline]
-    pub fn prefetch(&self, key: &[u8]) {
-        let h = self.hash(key);
-        if let Some(e) = self.segments[self.seg_index(h)].entries.iter_hash(h).next() {
-            prefetch_read(e.key.as_ptr());
+    /// Starts bringing the buckets of `keys`, then their key bytes, into the cache,
+    /// without waiting for them: for a pipelined group, whose keys' misses then overlap
+    /// instead of coming one after another as each command runs. Sixteen keys at a time,
+    /// in two steps, so that no key's misses wait on another's: the first reads each
+    /// key's probe group (misses that overlap, the loads being independent) and
+    /// prefetches its first candidate bucket without reading it; the second, when those
+    /// have had time to arrive, reads each bucket's key pointer and prefetches the bytes.
+    pub fn prefetch_many<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) {
+        let mut found: [*const Entry; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
+        loop {
+            let mut n = 0;
+            let mut seen = 0;
+            for key in keys.by_ref().take(PREFETCH_ROUND) {
+                seen += 1;
+                let h = self.hash(key);
+                if let Some(e) = self.segments[self.seg_index(h)].entries.iter_hash(h).next() {
+                    let at = (e as *const Entry).cast::<u8>();
+                    // A bucket is 64 bytes at a 16-byte alignment: it may span two lines.
+                    prefetch_read(at);
+                    prefetch_read(at.wrapping_add(std::mem::size_of::<Entry>() - 1));
+                    found[n] = e;
+                    n += 1;
+                }
+            }
+            for &e in &found[..n] {
+                // SAFETY: each pointer is to an entry of this table, which `&self` keeps
+                // unchanged for the call.
+                prefetch_read(unsafe { (*e).key.as_ptr() });
+            }
+            if seen < PREFETCH_ROUND {
+                return;
+            }
         }
     }
 
@@ -531,6 +554,9 @@ pub fn next_reverse_cursor(v: u64, mask: u64) -> u64 {
     v.reverse_bits()
 }
 
+/// Keys `prefetch_many` takes per round: a usual pipeline's depth.
+const PREFETCH_ROUND: usize = 16;
+
 #[inline(always)]
 fn prefetch_read(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
@@ -576,14 +602,15 @@ mod tests {
     #[test]
     fn prefetch_changes_nothing() {
         let mut t = Table::new();
-        t.prefetch(b"nothing-here");
+        t.prefetch_many([&b"nothing-here"[..]].into_iter());
         for i in 0..5_000 {
             t.insert(format!("k{i}").as_bytes(), val(), 0, 0);
         }
-        for i in 0..10_000 {
-            t.prefetch(format!("k{i}").as_bytes());
+        let keys: Vec<String> = (0..10_000).map(|i| format!("k{i}")).collect();
+        for group in keys.chunks(20) {
+            t.prefetch_many(group.iter().map(|k| k.as_bytes()));
         }
-        t.prefetch(b"");
+        t.prefetch_many([&b""[..]].into_iter());
         assert_eq!(t.len(), 5_000);
         for i in 0..5_000 {
             assert!(t.get(format!("k{i}").as_bytes()).is_some());
