@@ -2751,7 +2751,9 @@ fn a_client_that_does_not_read_cannot_make_the_server_buffer_its_input() {
 /// that streams a request larger than that (a bulk string arriving in small pieces, as
 /// a multishot receive brings them) is given up on, not buffered for as long as the
 /// script runs: once the script is killed its connection closes and its request never
-/// runs.
+/// runs. Written for one thread, like the other busy-script tests here: with more, the
+/// streaming client may sit on a thread the script does not hold, whose loop serves it
+/// as usual.
 #[test]
 fn a_client_streaming_into_a_busy_server_is_closed_past_the_hooks_limit() {
     const PIECE: usize = 4096;
