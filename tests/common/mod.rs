@@ -203,13 +203,19 @@ impl ServerProcess {
             }
             if let Ok(mut client) = Client::try_connect(self.port) {
                 client.set_timeout(Some(Duration::from_secs(2)));
-                client.send(&["PING"]);
+                // A probe that fails to send is retried like one that finds nothing: CI
+                // once saw this first write reset by the peer (`client_certificates`, a
+                // server that had logged ready and went on serving); the deadline below
+                // still catches a server that never answers.
+                let sent = client.try_send_raw(&encode_command(&["PING"]));
                 // Any well-formed reply (+PONG, or -NOAUTH with --requirepass) means up,
                 // except -LOADING: the dataset on disk is still being read.
-                match client.try_read() {
-                    Ok(r) if r.error_text().is_some_and(|e| e.starts_with("LOADING")) => {}
-                    Ok(_) => return Ok(()),
-                    Err(_) => {}
+                if sent.is_ok() {
+                    match client.try_read() {
+                        Ok(r) if r.error_text().is_some_and(|e| e.starts_with("LOADING")) => {}
+                        Ok(_) => return Ok(()),
+                        Err(_) => {}
+                    }
                 }
             }
             if Instant::now() > deadline {
