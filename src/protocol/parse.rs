@@ -528,6 +528,19 @@ fn whole_command(buf: &mut BytesMut, max_bulk_len: usize) -> Option<Vec<Bytes>> 
     Some(split_frame(buf, end, &spans))
 }
 
+/// The argument after the command name in the request `b` starts with, where the two
+/// are there and plain: a hint for loading a key before the request is parsed for real,
+/// which alone decides what the bytes mean.
+pub fn peek_first_argument(b: &[u8]) -> Option<&[u8]> {
+    let (count, pos) = plain_length(b, 0, b'*')?;
+    if count < 2 {
+        return None;
+    }
+    let (name_len, name_at) = plain_length(b, pos, b'$')?;
+    let (len, at) = plain_length(b, name_at.checked_add(name_len)?.checked_add(2)?, b'$')?;
+    b.get(at..at.checked_add(len)?)
+}
+
 /// Finds where each bulk of a request lies, starting at `pos`; returns where the request
 /// ends, or `None` if any bulk is not plain, too long or not all there.
 #[inline]
@@ -742,6 +755,26 @@ mod tests {
     use super::*;
 
     type Outcome = (Vec<Vec<Bytes>>, Option<ProtocolError>);
+
+    #[test]
+    fn the_first_argument_is_peeked_only_where_it_is_whole() {
+        let set = b"*3\r\n$3\r\nSET\r\n$5\r\nkey:1\r\n$1\r\nv\r\n";
+        assert_eq!(peek_first_argument(set), Some(&b"key:1"[..]));
+        // Cut anywhere inside the key (or before it): nothing.
+        for cut in 0..22 {
+            assert_eq!(peek_first_argument(&set[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(peek_first_argument(&set[..23]), Some(&b"key:1"[..]));
+        assert_eq!(peek_first_argument(b"*1\r\n$4\r\nPING\r\n"), None);
+        assert_eq!(peek_first_argument(b"GET key\r\n"), None);
+        assert_eq!(peek_first_argument(b"*2\r\n$3\r\nGET\r\n:5\r\n"), None);
+        // A name shorter than its header says reads on into what follows, as a hint may.
+        assert_eq!(peek_first_argument(b"*2\r\n$99999999999\r\nGET\r\n"), None);
+        assert_eq!(
+            peek_first_argument(b"*2\r\n$0\r\n\r\n$0\r\n\r\n"),
+            Some(&b""[..])
+        );
+    }
 
     fn limits() -> ParseLimits {
         ParseLimits::default()

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
 use crate::net::conn::{drain_output, FLUSH_AT};
 use crate::server::session::{ReplyMode, Session};
-use crate::shard::run_batch_on;
+use crate::shard::{run_batch_on, Worker};
 
 /// Whether a command may change the dataset, so that its reply waits for the AOF.
 fn may_write(cmd: &Command) -> bool {
@@ -139,6 +139,28 @@ pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
             .filter_map(|c| c.get(1).filter(|k| k.len() <= PREFETCH_KEY_MAX))
             .take_while(|key| placement.shard_if_placed(key) == here)
             .map(|key| &key[..]),
+    );
+}
+
+/// Starts loading the keys of requests that came to different connections in one pass,
+/// before any of them runs (`reactor::hint_fresh`): without a pipeline each connection
+/// brings one request, so the misses `prefetch_keys` overlaps within a group would
+/// otherwise come one reader after another. Each request's first argument stands for its
+/// key, in database 0 (where the connection selected another, the prefetch is only wasted).
+pub(crate) fn prefetch_first_keys(worker: &Worker, requests: &[&[u8]]) {
+    let Ok(shard) = worker.shard.try_borrow() else {
+        return;
+    };
+    let Some(db) = shard.dbs.first() else {
+        return;
+    };
+    let placement = &worker.shared.placement;
+    let here = Some(worker.id);
+    db.table.prefetch_many(
+        requests
+            .iter()
+            .filter_map(|r| crate::protocol::parse::peek_first_argument(r))
+            .filter(|k| k.len() <= PREFETCH_KEY_MAX && placement.shard_if_placed(k) == here),
     );
 }
 

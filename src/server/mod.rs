@@ -130,7 +130,11 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
     }
     crate::shard::mailbox::open_outbox(id, shared.mailboxes.get().expect("mailboxes set"));
     let parking = shared;
+    let hinted = worker.clone();
     event_loop.run(crate::net::event_loop::Parking {
+        fresh_requests: Box::new(move |requests| {
+            crate::server::dispatch::prefetch_first_keys(&hinted, requests)
+        }),
         end_of_run: Box::new(crate::shard::mailbox::flush_outbox),
         before: Box::new(move || {
             // With one thread there is no answer from another thread to wait for.

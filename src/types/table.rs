@@ -230,12 +230,18 @@ impl Table {
     /// have had time to arrive, reads each bucket's key pointer and prefetches the bytes.
     pub fn prefetch_many<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) {
         let mut found: [*const Entry; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
+        let mut hashes = [0u64; PREFETCH_ROUND];
         loop {
             let mut n = 0;
             let mut seen = 0;
+            // The segments' headers first: reading a probe group waits on its header.
             for key in keys.by_ref().take(PREFETCH_ROUND) {
-                seen += 1;
                 let h = self.hash(key);
+                hashes[seen] = h;
+                seen += 1;
+                prefetch_read((&self.segments[self.seg_index(h)] as *const Segment).cast());
+            }
+            for &h in &hashes[..seen] {
                 if let Some(e) = self.segments[self.seg_index(h)].entries.iter_hash(h).next() {
                     let at = (e as *const Entry).cast::<u8>();
                     // A bucket is 64 bytes at a 16-byte alignment: it may span two lines.

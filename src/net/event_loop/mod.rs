@@ -322,6 +322,9 @@ fn ready_len() -> usize {
     TASKS.with_borrow(|t| t.ready.len())
 }
 
+/// What `Parking::fresh_requests` is shown: the bytes at the start of each reader's input.
+pub type FreshRequests = dyn FnMut(&[&[u8]]);
+
 /// What the thread does between its tasks and its wait, and how it waits when it has
 /// run out of work.
 pub struct Parking {
@@ -333,6 +336,9 @@ pub struct Parking {
     pub before: Box<dyn FnMut()>,
     /// Called when the thread is awake again after `before`.
     pub after: Box<dyn FnMut()>,
+    /// Shown, before a pass's tasks run, the bytes its completions brought to readers
+    /// that had none waiting (`reactor::hint_fresh`): where requests start, as a hint.
+    pub fresh_requests: Box<FreshRequests>,
 }
 
 /// The thread's loop: its epoll, its eventfd and the mailbox of tasks woken elsewhere.
@@ -406,6 +412,7 @@ impl EventLoop {
             end_of_run: Box::new(|| {}),
             before: Box::new(|| {}),
             after: Box::new(|| {}),
+            fresh_requests: Box::new(|_| {}),
         };
         self.drive(&mut parking, &|| out.borrow().is_some());
         let v = out.borrow_mut().take().expect("the future finished");
@@ -419,6 +426,7 @@ impl EventLoop {
             // Each task that was ready when the pass began runs once; one woken meanwhile
             // (by a task, or by itself to yield) waits for the next pass, after the
             // sockets have been looked at.
+            reactor::hint_fresh(&mut *parking.fresh_requests);
             let mut n = ready_len();
             while n > 0 && run_one() {
                 n -= 1;

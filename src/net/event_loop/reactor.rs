@@ -85,7 +85,15 @@ thread_local! {
     /// fell behind (`AHEAD_LIMIT`), or a completion filled a whole buffer (a large
     /// request, which the reader reads faster itself, with no copy).
     static TO_CANCEL: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
+    /// Sockets whose read-ahead went from empty to holding bytes since the pass's tasks
+    /// last ran: what each holds is where a request starts (unless its reader holds the
+    /// start of one), and `hint_fresh` shows those bytes to the worker before any reader
+    /// runs.
+    static FRESH: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
 }
+
+/// How many fresh requests `hint_fresh` shows at a time.
+const HINT_BATCH: usize = 16;
 
 pub(super) fn set_epoll(fd: RawFd) {
     EPOLL.with(|e| e.set(fd));
@@ -332,6 +340,9 @@ pub(crate) fn received(token: Token, result: i32, more: bool, data: &[u8]) {
         }
     } else if result > 0 {
         let mut ahead = slot.ahead.borrow_mut();
+        if ahead.is_empty() {
+            note_fresh(slot);
+        }
         if many {
             if data.len() != result as usize {
                 // Bytes the kernel took without handing them over: the stream has a hole.
@@ -384,6 +395,65 @@ fn ask_cancel(slot: &IoSlot) {
         Rc::from_raw(ptr)
     };
     TO_CANCEL.with(|t| t.borrow_mut().push(rc));
+}
+
+/// The most sockets `FRESH` holds: the busy-script hook reaps completions and takes
+/// their bytes while no pass runs, so a long script would otherwise grow the list for as
+/// long as clients kept sending.
+const FRESH_MAX: usize = 4 * HINT_BATCH;
+
+fn note_fresh(slot: &IoSlot) {
+    FRESH.with(|f| {
+        let mut fresh = f.borrow_mut();
+        if fresh.len() < FRESH_MAX {
+            // SAFETY: as in `ask_cancel`: one more count, given back when the list is
+            // taken.
+            fresh.push(unsafe {
+                let ptr = slot as *const IoSlot;
+                Rc::increment_strong_count(ptr);
+                Rc::from_raw(ptr)
+            });
+        }
+    });
+}
+
+/// Shows `hint` the bytes that completions brought to empty read-ahead buffers since it
+/// was last called, up to `HINT_BATCH` buffers at a time, before their readers run: with
+/// one request per connection, this is the one look at a pass's requests together, so
+/// the worker can start loading their keys at once rather than one miss per reader
+/// (BENCHMARKS.md, "Prefetching across connections"). The bytes are only a hint: a
+/// reader may hold the start of a request whose rest they are.
+pub(crate) fn hint_fresh(hint: &mut dyn FnMut(&[&[u8]])) {
+    let fresh = FRESH.with(|f| std::mem::take(&mut *f.borrow_mut()));
+    if fresh.is_empty() {
+        return;
+    }
+    for group in fresh.chunks(HINT_BATCH) {
+        let held: [Option<std::cell::Ref<'_, BytesMut>>; HINT_BATCH] = std::array::from_fn(|i| {
+            group
+                .get(i)
+                .filter(|slot| !slot.leaving.get())
+                .and_then(|slot| slot.ahead.try_borrow().ok())
+        });
+        let mut requests: [&[u8]; HINT_BATCH] = [&[]; HINT_BATCH];
+        let mut n = 0;
+        for bytes in held.iter().flatten().filter(|b| !b.is_empty()) {
+            requests[n] = &bytes[..];
+            n += 1;
+        }
+        if n > 0 {
+            hint(&requests[..n]);
+        }
+    }
+    // The list's allocation is kept for the next pass.
+    FRESH.with(|f| {
+        let mut f = f.borrow_mut();
+        if f.is_empty() {
+            let mut fresh = fresh;
+            fresh.clear();
+            *f = fresh;
+        }
+    });
 }
 
 /// The tokens of the multishot receives to cancel, for the pass's `io_uring_enter`: those
