@@ -764,12 +764,23 @@ mod tests {
         for cut in 0..22 {
             assert_eq!(peek_first_argument(&set[..cut]), None, "cut at {cut}");
         }
-        assert_eq!(peek_first_argument(&set[..23]), Some(&b"key:1"[..]));
+        assert_eq!(peek_first_argument(&set[..22]), Some(&b"key:1"[..]));
         assert_eq!(peek_first_argument(b"*1\r\n$4\r\nPING\r\n"), None);
         assert_eq!(peek_first_argument(b"GET key\r\n"), None);
         assert_eq!(peek_first_argument(b"*2\r\n$3\r\nGET\r\n:5\r\n"), None);
-        // A name shorter than its header says reads on into what follows, as a hint may.
+        // A length past the end of the bytes: nothing.
         assert_eq!(peek_first_argument(b"*2\r\n$99999999999\r\nGET\r\n"), None);
+        // A name whose length is not its header's: the peek looks for the next header at
+        // the wrong place and finds none here (elsewhere it might find a wrong key, which
+        // only wastes a prefetch: the parser decides what the bytes are).
+        assert_eq!(
+            peek_first_argument(b"*2\r\n$5\r\nGET\r\n$3\r\nkey\r\n"),
+            None
+        );
+        assert_eq!(
+            peek_first_argument(b"*2\r\n$1\r\nGET\r\n$3\r\nkey\r\n"),
+            None
+        );
         assert_eq!(
             peek_first_argument(b"*2\r\n$0\r\n\r\n$0\r\n\r\n"),
             Some(&b""[..])

@@ -850,11 +850,16 @@ impl Shard {
 
     /// Makes an execution context for running commands on this shard.
     pub fn ctx<'a>(&'a mut self, db: usize, out: &'a mut Reply) -> ExecCtx<'a> {
+        self.ctx_at(db, out, unix_ms())
+    }
+
+    /// `ctx` with the time already read.
+    pub fn ctx_at<'a>(&'a mut self, db: usize, out: &'a mut Reply, now_ms: u64) -> ExecCtx<'a> {
         ExecCtx {
             shard: self,
             db,
             out,
-            now_ms: unix_ms(),
+            now_ms,
             no_touch: false,
             hits: 0,
             misses: 0,
@@ -1161,7 +1166,7 @@ pub fn exec_here(
     let dirty_before = shard.dirty;
     shard.writing = cmd.has(crate::commands::flags::WRITE);
     let (effect, now_ms) = {
-        let mut ctx = shard.ctx(db, out);
+        let mut ctx = shard.ctx_at(db, out, started.unix_ms());
         ctx.no_touch = no_touch;
         f(&mut ctx, args);
         if let Some(r) = ctx.shard.current {

@@ -224,10 +224,11 @@ impl Table {
     /// Starts bringing the buckets of `keys`, then their key bytes, into the cache,
     /// without waiting for them: for a pipelined group, whose keys' misses then overlap
     /// instead of coming one after another as each command runs. Sixteen keys at a time,
-    /// in two steps, so that no key's misses wait on another's: the first reads each
-    /// key's probe group (misses that overlap, the loads being independent) and
-    /// prefetches its first candidate bucket without reading it; the second, when those
-    /// have had time to arrive, reads each bucket's key pointer and prefetches the bytes.
+    /// in three steps, so that no key's misses wait on another's: the first hashes each
+    /// key and prefetches its segment's header; the second reads each key's probe group
+    /// (misses that overlap, the loads being independent) and prefetches its first
+    /// candidate bucket without reading it; the third, when those have had time to
+    /// arrive, reads each bucket's key pointer and prefetches the bytes.
     pub fn prefetch_many<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) {
         let mut found: [*const Entry; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
         let mut hashes = [0u64; PREFETCH_ROUND];

@@ -322,7 +322,8 @@ fn ready_len() -> usize {
     TASKS.with_borrow(|t| t.ready.len())
 }
 
-/// What `Parking::fresh_requests` is shown: the bytes at the start of each reader's input.
+/// What `Parking::fresh_requests` is shown: the bytes waiting in read-ahead buffers that
+/// were empty when they came (usually where a request starts).
 pub type FreshRequests = dyn FnMut(&[&[u8]]);
 
 /// What the thread does between its tasks and its wait, and how it waits when it has
@@ -336,8 +337,10 @@ pub struct Parking {
     pub before: Box<dyn FnMut()>,
     /// Called when the thread is awake again after `before`.
     pub after: Box<dyn FnMut()>,
-    /// Shown, before a pass's tasks run, the bytes its completions brought to readers
-    /// that had none waiting (`reactor::hint_fresh`): where requests start, as a hint.
+    /// Shown, before a pass's tasks run, the bytes completions brought to readers that
+    /// had none waiting (`reactor::hint_fresh`): where requests start, as a hint. It must
+    /// not read or write sockets: the buffers are borrowed while it runs, and a receive
+    /// completing into one would find it so.
     pub fresh_requests: Box<FreshRequests>,
 }
 

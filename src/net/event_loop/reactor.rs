@@ -85,10 +85,10 @@ thread_local! {
     /// fell behind (`AHEAD_LIMIT`), or a completion filled a whole buffer (a large
     /// request, which the reader reads faster itself, with no copy).
     static TO_CANCEL: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
-    /// Sockets whose read-ahead went from empty to holding bytes since the pass's tasks
-    /// last ran: what each holds is where a request starts (unless its reader holds the
-    /// start of one), and `hint_fresh` shows those bytes to the worker before any reader
-    /// runs.
+    /// Sockets whose read-ahead went from empty to holding bytes since `hint_fresh` last
+    /// ran (in a pass's wait, or in the busy-script hook's reaping): what each holds is
+    /// where a request starts (unless its reader holds the start of one), and
+    /// `hint_fresh` shows those bytes to the worker before any reader runs.
     static FRESH: RefCell<Vec<Rc<IoSlot>>> = const { RefCell::new(Vec::new()) };
 }
 
