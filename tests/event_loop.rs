@@ -2829,7 +2829,7 @@ fn requests_cut_anywhere_across_connections_keep_their_meaning() {
                 check(c, &cmd(&["SELECT", "1"]), &Resp::ok(), "select");
             }
         }
-        let mut rng = Rng::new(0x5eed_0f_c0ffee + threads as u64);
+        let mut rng = Rng::new(0x5eed_0fc0_ffee + threads as u64);
         for round in 0..60 {
             let mut wants: Vec<Vec<Resp>> = Vec::new();
             let mut seconds: Vec<Vec<u8>> = Vec::new();
