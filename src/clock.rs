@@ -84,7 +84,10 @@ pub fn unix_us() -> u64 {
 #[inline]
 fn unix_us_at(at: u64) -> u64 {
     let (t0, u0) = ANCHOR.with(|a| a.get());
-    u0 + ticks_to_us(at.wrapping_sub(t0))
+    // A reading from before the anchor (a stopwatch started before this thread's first
+    // look at the clock anchored it, or a core whose counter lags a little) is the
+    // anchor's time, not a wrapped difference centuries ahead, which expired every key.
+    u0 + ticks_to_us(at.saturating_sub(t0))
 }
 
 /// Unix time in milliseconds.
@@ -119,6 +122,24 @@ impl Stopwatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stopwatch_started_before_the_thread_anchors_its_clock_tells_the_present() {
+        init();
+        // A fresh thread: its anchor is made by the first look at the clock, which here
+        // comes after the stopwatch's reading (as on a loader's first command).
+        let (from_watch, system) = std::thread::spawn(|| {
+            let w = Stopwatch::start();
+            std::thread::sleep(Duration::from_millis(2));
+            (w.unix_ms(), system_unix_us() / 1000)
+        })
+        .join()
+        .expect("the thread ran");
+        assert!(
+            from_watch.abs_diff(system) < 1000,
+            "{from_watch} against the system's {system}"
+        );
+    }
 
     #[test]
     fn follows_the_system_clock() {
