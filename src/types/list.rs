@@ -266,6 +266,47 @@ impl List {
         List::default()
     }
 
+    /// For a prefetch: where the pointers to the first and last chunks are kept. Reads
+    /// the list's header, not those pointers.
+    pub fn end_slots(&self) -> [*const u8; 2] {
+        let (a, b) = self.chunks.as_slices();
+        let first = a.as_ptr().cast::<u8>();
+        let last = b
+            .last()
+            .or(a.last())
+            .map_or(first, |l| (l as *const Arc<Chunk>).cast());
+        [first, last]
+    }
+
+    /// For a prefetch: the first and last chunks' headers (each may span two lines),
+    /// where a push or a pop looks first. Reads the pointers `end_slots` gave, not the
+    /// chunks.
+    pub fn end_chunks(&self) -> [*const u8; 4] {
+        let header = |c: &Arc<Chunk>| {
+            let at = Arc::as_ptr(c).cast::<u8>();
+            [at, at.wrapping_add(std::mem::size_of::<Chunk>() - 1)]
+        };
+        match (self.chunks.front(), self.chunks.back()) {
+            (Some(f), Some(b)) => {
+                let ([f0, f1], [b0, b1]) = (header(f), header(b));
+                [f0, f1, b0, b1]
+            }
+            _ => [std::ptr::null(); 4],
+        }
+    }
+
+    /// For a prefetch: the bytes at the list's two ends, the element a pop reads or
+    /// where a push writes. Reads the chunks' headers `end_chunks` gave.
+    pub fn end_bytes(&self) -> [*const u8; 2] {
+        match (self.chunks.front(), self.chunks.back()) {
+            (Some(f), Some(b)) => [
+                f.data.as_ptr().wrapping_add(f.head),
+                b.data.as_ptr().wrapping_add(b.data.len().saturating_sub(1)),
+            ],
+            _ => [std::ptr::null(); 2],
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

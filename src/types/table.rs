@@ -10,6 +10,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::hash_table::HashTable;
 
+use super::list::List;
 use super::value::Value;
 
 pub struct Entry {
@@ -224,11 +225,12 @@ impl Table {
     /// Starts bringing the buckets of `keys`, then their key bytes, into the cache,
     /// without waiting for them: for a pipelined group, whose keys' misses then overlap
     /// instead of coming one after another as each command runs. Sixteen keys at a time,
-    /// in three steps, so that no key's misses wait on another's: the first hashes each
-    /// key and prefetches its segment's header; the second reads each key's probe group
-    /// (misses that overlap, the loads being independent) and prefetches its first
-    /// candidate bucket without reading it; the third, when those have had time to
-    /// arrive, reads each bucket's key pointer and prefetches the bytes.
+    /// in steps, so that no key's misses wait on another's: the first hashes each key and
+    /// prefetches its segment's header; the second reads each key's probe group (misses
+    /// that overlap, the loads being independent) and prefetches its first candidate
+    /// bucket without reading it; the third, when those have had time to arrive, reads
+    /// each bucket's key and value pointers and prefetches what they point to; lists take
+    /// three more steps down to the bytes at their ends.
     pub fn prefetch_many<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) {
         let mut found: [*const Entry; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
         let mut hashes = [0u64; PREFETCH_ROUND];
@@ -252,10 +254,45 @@ impl Table {
                     n += 1;
                 }
             }
+            // The key's bytes and what the command reads first in its value. A list's
+            // ends are three pointers further (slots, chunks, bytes), each a step of its
+            // own over all the lists, so that their misses overlap too: pushes and pops
+            // are what queues do.
+            let mut lists: [*const List; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
+            let mut n_lists = 0;
             for &e in &found[..n] {
                 // SAFETY: each pointer is to an entry of this table, which `&self` keeps
-                // unchanged for the call.
-                prefetch_read(unsafe { (*e).key.as_ptr() });
+                // unchanged for the call. The entry may be another key's with the same
+                // tag: what it points to is loaded for nothing, never misread.
+                let entry = unsafe { &*e };
+                prefetch_read(entry.key.as_ptr());
+                if let Some(p) = entry.value.payload_ptr() {
+                    prefetch_read(p);
+                }
+                if let Value::List(list) = &entry.value {
+                    lists[n_lists] = &**list;
+                    n_lists += 1;
+                }
+            }
+            // SAFETY (both loops): the lists belong to entries of this table, unchanged
+            // for the call.
+            for &list in &lists[..n_lists] {
+                unsafe { &*list }
+                    .end_slots()
+                    .into_iter()
+                    .for_each(prefetch_read);
+            }
+            for &list in &lists[..n_lists] {
+                unsafe { &*list }
+                    .end_chunks()
+                    .into_iter()
+                    .for_each(prefetch_read);
+            }
+            for &list in &lists[..n_lists] {
+                unsafe { &*list }
+                    .end_bytes()
+                    .into_iter()
+                    .for_each(prefetch_read);
             }
             if seen < PREFETCH_ROUND {
                 return;

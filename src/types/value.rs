@@ -159,6 +159,20 @@ pub enum Value {
 }
 
 impl Value {
+    /// Where a command on this value reads first after its entry, for a prefetch: a
+    /// string's bytes, or a collection's header (nothing for an integer).
+    pub fn payload_ptr(&self) -> Option<*const u8> {
+        match self {
+            Value::Str(StrValue::Int(_)) => None,
+            Value::Str(StrValue::Plain(v) | StrValue::Mutated(v)) => Some(v.as_ptr()),
+            Value::List(l) => Some((&**l as *const super::list::List).cast()),
+            Value::Hash(h) => Some((&**h as *const super::hash::Hash).cast()),
+            Value::Set(s) => Some((&**s as *const super::set::Set).cast()),
+            Value::ZSet(z) => Some((&**z as *const super::zset::ZSet).cast()),
+            Value::Stream(s) => Some((&**s as *const super::stream::Stream).cast()),
+        }
+    }
+
     /// The name TYPE reports.
     pub fn type_name(&self) -> &'static str {
         match self {
