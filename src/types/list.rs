@@ -278,13 +278,17 @@ impl List {
         [first, last]
     }
 
-    /// For a prefetch: the first and last chunks' headers (each may span two lines),
-    /// where a push or a pop looks first. Reads the pointers `end_slots` gave, not the
-    /// chunks.
+    /// For a prefetch: the first and last chunks' headers, with the reference counts
+    /// just before them that `Arc::make_mut` reads first (each may span two lines). Reads
+    /// the pointers `end_slots` gave, not the chunks.
     pub fn end_chunks(&self) -> [*const u8; 4] {
         let header = |c: &Arc<Chunk>| {
             let at = Arc::as_ptr(c).cast::<u8>();
-            [at, at.wrapping_add(std::mem::size_of::<Chunk>() - 1)]
+            let counts = 2 * std::mem::size_of::<usize>();
+            [
+                at.wrapping_sub(counts),
+                at.wrapping_add(std::mem::size_of::<Chunk>() - 1),
+            ]
         };
         match (self.chunks.front(), self.chunks.back()) {
             (Some(f), Some(b)) => {
@@ -295,8 +299,8 @@ impl List {
         }
     }
 
-    /// For a prefetch: the bytes at the list's two ends, the element a pop reads or
-    /// where a push writes. Reads the chunks' headers `end_chunks` gave.
+    /// For a prefetch: the bytes at the list's two ends, the element a pop reads (a push
+    /// writes next to them). Reads the chunks' headers `end_chunks` gave.
     pub fn end_bytes(&self) -> [*const u8; 2] {
         match (self.chunks.front(), self.chunks.back()) {
             (Some(f), Some(b)) => [

@@ -222,7 +222,7 @@ impl Table {
         ((hash >> SEG_SHIFT) as usize) & (self.segments.len() - 1)
     }
 
-    /// Starts bringing the buckets of `keys`, then their key bytes, into the cache,
+    /// Starts bringing the buckets of `keys`, then their keys' and values' bytes, into the cache,
     /// without waiting for them: for a pipelined group, whose keys' misses then overlap
     /// instead of coming one after another as each command runs. Sixteen keys at a time,
     /// in steps, so that no key's misses wait on another's: the first hashes each key and
@@ -660,6 +660,74 @@ mod tests {
             assert!(t.get(format!("k{i}").as_bytes()).is_some());
         }
         assert!(t.get(b"k5000").is_none());
+    }
+
+    /// The value steps read through a string's or a list's pointers: every shape must be
+    /// read without harm (an empty list, one chunk, many, a deque that wrapped round its
+    /// buffer, chunks shared with a copy) and left as it was.
+    #[test]
+    fn prefetch_reads_values_of_every_shape() {
+        let mut t = Table::new();
+        let mut lists: Vec<(String, List)> = Vec::new();
+        lists.push(("empty".into(), List::new()));
+        let mut one = List::new();
+        one.push_back(b"only");
+        lists.push(("one".into(), one));
+        let mut many = List::new();
+        for i in 0..5_000 {
+            many.push_back(format!("element-{i}").as_bytes());
+        }
+        lists.push(("many".into(), many.clone()));
+        // Pushed at the front and popped at the back until the deque's ring has wrapped.
+        let mut wrapped = List::new();
+        for round in 0..40 {
+            for i in 0..300 {
+                wrapped.push_front(format!("w{round}-{i}").as_bytes());
+            }
+            for _ in 0..250 {
+                wrapped.pop_back();
+            }
+        }
+        lists.push(("wrapped".into(), wrapped));
+        // A copy sharing the original's chunks stays alive beside it.
+        let shared_copy = many.clone();
+        lists.push(("shared".into(), many));
+        for (k, l) in &lists {
+            t.insert(k.as_bytes(), Value::List(Box::new(l.clone())), 0, 0);
+        }
+        t.insert(b"int", val(), 0, 0);
+        t.insert(
+            b"plain",
+            Value::Str(StrValue::Plain(b"bytes".to_vec())),
+            0,
+            0,
+        );
+        t.insert(b"blank", Value::Str(StrValue::Plain(Vec::new())), 0, 0);
+        t.insert(
+            b"mutated",
+            Value::Str(StrValue::Mutated(vec![7; 100])),
+            0,
+            0,
+        );
+        let names = [
+            "empty", "one", "many", "wrapped", "shared", "int", "plain", "blank",
+        ];
+        for _ in 0..3 {
+            t.prefetch_many(
+                names
+                    .iter()
+                    .chain(["mutated", "absent"].iter())
+                    .map(|k| k.as_bytes()),
+            );
+        }
+        for (k, l) in &lists {
+            let Some(Value::List(got)) = t.get(k.as_bytes()).map(|e| &e.value) else {
+                panic!("{k} is no longer a list");
+            };
+            assert!(got.iter().eq(l.iter()), "{k} changed");
+        }
+        assert!(shared_copy.iter().eq(lists[4].1.iter()));
+        assert_eq!(t.len(), 9);
     }
 
     #[test]
