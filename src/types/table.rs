@@ -232,7 +232,7 @@ impl Table {
     /// each bucket's key and value pointers and prefetches what they point to; lists take
     /// three more steps down to the bytes at their ends.
     pub fn prefetch_many<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) {
-        let mut found: [*const Entry; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
+        let mut found: [Option<&Entry>; PREFETCH_ROUND] = [None; PREFETCH_ROUND];
         let mut hashes = [0u64; PREFETCH_ROUND];
         loop {
             let mut n = 0;
@@ -250,49 +250,36 @@ impl Table {
                     // A bucket is 64 bytes at a 16-byte alignment: it may span two lines.
                     prefetch_read(at);
                     prefetch_read(at.wrapping_add(std::mem::size_of::<Entry>() - 1));
-                    found[n] = e;
+                    found[n] = Some(e);
                     n += 1;
                 }
             }
             // The key's bytes and what the command reads first in its value. A list's
             // ends are three pointers further (slots, chunks, bytes), each a step of its
             // own over all the lists, so that their misses overlap too: pushes and pops
-            // are what queues do.
-            let mut lists: [*const List; PREFETCH_ROUND] = [std::ptr::null(); PREFETCH_ROUND];
+            // are what queues do. An entry may be another key's with the same tag: what
+            // it points to is loaded for nothing, never misread.
+            let mut lists: [Option<&List>; PREFETCH_ROUND] = [None; PREFETCH_ROUND];
             let mut n_lists = 0;
-            for &e in &found[..n] {
-                // SAFETY: each pointer is to an entry of this table, which `&self` keeps
-                // unchanged for the call. The entry may be another key's with the same
-                // tag: what it points to is loaded for nothing, never misread.
-                let entry = unsafe { &*e };
+            for entry in found[..n].iter().flatten() {
                 prefetch_read(entry.key.as_ptr());
                 if let Some(p) = entry.value.payload_ptr() {
                     prefetch_read(p);
                 }
                 if let Value::List(list) = &entry.value {
-                    lists[n_lists] = &**list;
+                    lists[n_lists] = Some(&**list);
                     n_lists += 1;
                 }
             }
-            // SAFETY (both loops): the lists belong to entries of this table, unchanged
-            // for the call.
-            for &list in &lists[..n_lists] {
-                unsafe { &*list }
-                    .end_slots()
-                    .into_iter()
-                    .for_each(prefetch_read);
+            let lists = &lists[..n_lists];
+            for list in lists.iter().flatten() {
+                list.end_slots().into_iter().for_each(prefetch_read);
             }
-            for &list in &lists[..n_lists] {
-                unsafe { &*list }
-                    .end_chunks()
-                    .into_iter()
-                    .for_each(prefetch_read);
+            for list in lists.iter().flatten() {
+                list.end_chunks().into_iter().for_each(prefetch_read);
             }
-            for &list in &lists[..n_lists] {
-                unsafe { &*list }
-                    .end_bytes()
-                    .into_iter()
-                    .for_each(prefetch_read);
+            for list in lists.iter().flatten() {
+                list.end_bytes().into_iter().for_each(prefetch_read);
             }
             if seen < PREFETCH_ROUND {
                 return;
