@@ -48,8 +48,8 @@ fn ticks_per_us() -> f64 {
 }
 
 /// Microseconds per tick in 32.32 fixed point: a multiply instead of a float division on
-/// every reading (a command reads the clock twice; the division and the conversions were
-/// a sixth of what perf charged to running a pipelined SET).
+/// every reading (a command reads the clock twice; at depth 16, `perf annotate` put
+/// about a sixth of `exec_here`'s samples on the division and the conversions).
 fn us_per_tick_fixed() -> u64 {
     static SCALE: OnceLock<u64> = OnceLock::new();
     *SCALE.get_or_init(|| ((1u64 << 32) as f64 / ticks_per_us()).max(1.0) as u64)
