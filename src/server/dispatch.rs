@@ -111,10 +111,6 @@ pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
     }
 }
 
-/// Longest argument taken for a key by `prefetch_keys`: hashing a long argument that is
-/// not a key (a script's body, a value) would cost more than the miss it might save.
-const PREFETCH_KEY_MAX: usize = 128;
-
 /// Starts loading the table buckets of a pipelined group's keys before the group runs, so
 /// that their cache misses overlap instead of coming one after another, command by command
 /// (at depth 16 they were a fifth of the server's CPU: BENCHMARKS.md, "Prefetching a
@@ -136,7 +132,10 @@ pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
     let here = Some(sess.worker.id);
     db.table.prefetch_many(
         cmds.iter()
-            .filter_map(|c| c.get(1).filter(|k| k.len() <= PREFETCH_KEY_MAX))
+            .filter_map(|c| {
+                c.get(1)
+                    .filter(|k| k.len() <= crate::types::table::PREFETCH_KEY_MAX)
+            })
             .take_while(|key| placement.shard_if_placed(key) == here)
             .map(|key| &key[..]),
     );
@@ -160,7 +159,10 @@ pub(crate) fn prefetch_first_keys(worker: &Worker, requests: &[&[u8]]) {
         requests
             .iter()
             .filter_map(|r| crate::protocol::parse::peek_first_argument(r))
-            .filter(|k| k.len() <= PREFETCH_KEY_MAX && placement.shard_if_placed(k) == here),
+            .filter(|k| {
+                k.len() <= crate::types::table::PREFETCH_KEY_MAX
+                    && placement.shard_if_placed(k) == here
+            }),
     );
 }
 

@@ -160,8 +160,8 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
         loop {
             let next = {
                 let mut deferred = worker.deferred.borrow_mut();
-                if deferred.is_empty() {
-                    worker.mailbox.take_into(&mut deferred);
+                if deferred.is_empty() && worker.mailbox.take_into(&mut deferred) > 1 {
+                    crate::shard::prefetch_batches(worker, &deferred);
                 }
                 deferred.pop_front()
             };

@@ -588,6 +588,11 @@ pub fn next_reverse_cursor(v: u64, mask: u64) -> u64 {
 /// Keys `prefetch_many` takes per round: a usual pipeline's depth.
 const PREFETCH_ROUND: usize = 16;
 
+/// Longest argument a caller of `prefetch_many` takes for a key: hashing a long argument
+/// that is not a key (a script's body, a value) would cost more than the miss it might
+/// save.
+pub const PREFETCH_KEY_MAX: usize = 128;
+
 #[inline(always)]
 fn prefetch_read(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
