@@ -2872,3 +2872,58 @@ fn requests_cut_anywhere_across_connections_keep_their_meaning() {
         server.assert_alive();
     }
 }
+
+/// A pipeline of large replies on both shards of two threads: whichever run hops, its
+/// replies pass a batch's reply limit (1 MiB), so the shard sends the first part back and
+/// the rest goes out again as a batch of its own. Every reply arrives, whole and in order,
+/// and the commands after the large ones still see the state before them.
+#[test]
+fn hopped_replies_past_a_batchs_limit_come_back_whole_and_in_order() {
+    let mut s = KiteServer::start(&[], 2);
+    let mut c = client(&s);
+    let keys = [
+        keys_on_each_shard("big:a:", 2),
+        keys_on_each_shard("big:b:", 2),
+        keys_on_each_shard("big:c:", 2),
+        keys_on_each_shard("big:d:", 2),
+    ];
+    let value = |k: &str| -> Vec<u8> {
+        let seed = k
+            .bytes()
+            .fold(7u8, |a, b| a.wrapping_mul(31).wrapping_add(b));
+        (0..400_000u32)
+            .map(|i| b'a' + ((i as u8).wrapping_add(seed) % 26))
+            .collect()
+    };
+    for group in &keys {
+        for k in group {
+            check(
+                &mut c,
+                &[b"SET".to_vec(), k.as_bytes().to_vec(), value(k)],
+                &Resp::ok(),
+                "set",
+            );
+        }
+    }
+    for round in 0..3 {
+        // Four large values on shard 0, then a counter, and the same on shard 1.
+        let mut cmds: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut want: Vec<Resp> = Vec::new();
+        for shard in 0..2 {
+            for group in &keys {
+                let k = &group[shard];
+                cmds.push(vec![b"GET".to_vec(), k.as_bytes().to_vec()]);
+                want.push(bulk(value(k)));
+            }
+            let ctr = format!("{}:n", keys[0][shard]);
+            cmds.push(vec![b"INCR".to_vec(), ctr.into_bytes()]);
+            want.push(Resp::Integer(round + 1));
+        }
+        let got = c.pipeline(&cmds);
+        assert_eq!(got.len(), want.len(), "round {round}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g == w, "round {round}, reply {i}: {}", short(g));
+        }
+    }
+    s.assert_alive();
+}

@@ -886,7 +886,7 @@ async fn run_on_shard(
     let result = run_batch_on(&worker, target, cmds, spec).await;
     crate::shard::settle(result.settle).await;
     sess.out.buf.extend_from_slice(&result.out.buf);
-    crate::shard::hops::recycle(result.out.buf, result.rest);
+    crate::shard::hops::recycle(result.out.buf, result.spent);
 }
 
 /// Logs a command that changed state outside the shards (FUNCTION LOAD...), or that ran

@@ -163,7 +163,7 @@ fn answer_mailbox(worker: &Rc<Worker>) {
     for mail in arrived {
         match mail {
             Mail::Batch(mut b) if b.atomic.is_none() => {
-                for _ in 0..b.cmds.len() {
+                for _ in b.ran..b.cmds.len() {
                     b.out.error(text);
                 }
                 let result = BatchResult {
@@ -171,6 +171,7 @@ fn answer_mailbox(worker: &Rc<Worker>) {
                     events: Vec::new(),
                     aborted: false,
                     rest: Default::default(),
+                    spent: b.cmds,
                     settle: Vec::new(),
                 };
                 worker.shared.answer_batch(b.from, b.done, result);

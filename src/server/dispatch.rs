@@ -249,8 +249,8 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
                     sess.handle.kill();
                     return;
                 }
+                crate::shard::hops::recycle(result.out.buf, result.spent);
                 if result.rest.is_empty() {
-                    crate::shard::hops::recycle(result.out.buf, result.rest);
                     break;
                 }
                 batch = result.rest;

@@ -82,18 +82,19 @@ pub fn reply_buffer() -> BytesMut {
         .unwrap_or_else(|| BytesMut::with_capacity(REPLY_CAPACITY))
 }
 
-/// Keeps a finished batch's reply buffer and command queue for the next hop.
-pub fn recycle(mut reply: BytesMut, cmds: Cmds) {
+/// Keeps a finished batch's reply buffer and command queue for the next hop, after
+/// dropping the commands that ran (`BatchResult::spent`): here, on the thread that parsed
+/// them.
+pub fn recycle(mut reply: BytesMut, mut spent: Cmds) {
+    spent.clear();
     SPARES.with(|s| {
         let mut s = s.borrow_mut();
         if s.replies.len() < SPARES_KEPT && reply.capacity() <= SPARE_REPLY_BYTES {
             reply.clear();
             s.replies.push(reply);
         }
-        // A queue with commands left in it is the caller's mistake; it is freed, not
-        // handed to the next batch with them.
-        if s.cmds.len() < SPARES_KEPT && cmds.is_empty() && cmds.capacity() <= SPARE_CMDS {
-            s.cmds.push(cmds);
+        if s.cmds.len() < SPARES_KEPT && spent.capacity() <= SPARE_CMDS {
+            s.cmds.push(spent);
         }
     });
 }
@@ -298,6 +299,7 @@ mod tests {
             events: Vec::new(),
             aborted: false,
             rest: Cmds::new(),
+            spent: Cmds::new(),
             settle: Vec::new(),
         }
     }
@@ -369,22 +371,27 @@ mod tests {
     }
 
     #[test]
-    fn only_empty_small_queues_and_buffers_are_kept() {
+    fn spent_queues_come_back_empty_and_large_buffers_are_freed() {
         let _ = cmds();
         let mut big = BytesMut::with_capacity(SPARE_REPLY_BYTES * 2);
         big.extend_from_slice(b"x");
-        let mut full = Cmds::new();
-        full.push_back((crate::commands::table().lookup(b"get").unwrap(), vec![]));
+        let huge = Cmds::with_capacity(SPARE_CMDS * 2);
         let kept_before = SPARES.with(|s| (s.borrow().replies.len(), s.borrow().cmds.len()));
-        recycle(big, full);
+        recycle(big, huge);
         assert_eq!(
             SPARES.with(|s| (s.borrow().replies.len(), s.borrow().cmds.len())),
             kept_before
         );
+        // The commands that ran are dropped here; their queue serves the next hop.
+        let mut spent = Cmds::with_capacity(4);
+        let arg = Bytes::from_static(b"k");
+        spent.push_back((crate::commands::table().lookup(b"get").unwrap(), vec![arg]));
         let mut small = reply_buffer();
         small.extend_from_slice(b"+OK\r\n");
-        recycle(small, Cmds::with_capacity(4));
+        recycle(small, spent);
         assert!(reply_buffer().is_empty());
-        assert!(cmds().capacity() >= 4);
+        let next = cmds();
+        assert!(next.is_empty());
+        assert!(next.capacity() >= 4);
     }
 }
