@@ -528,17 +528,62 @@ fn whole_command(buf: &mut BytesMut, max_bulk_len: usize) -> Option<Vec<Bytes>> 
     Some(split_frame(buf, end, &spans))
 }
 
-/// The argument after the command name in the request `b` starts with, where the two
-/// are there and plain: a hint for loading a key before the request is parsed for real,
-/// which alone decides what the bytes mean.
-pub fn peek_first_argument(b: &[u8]) -> Option<&[u8]> {
+/// The key the request `b` starts with most likely names, where the bytes up to it are
+/// there and plain: the argument after the command name, or for a script call (EVAL,
+/// EVALSHA, FCALL and their read-only forms) the first of its declared keys. A hint for
+/// loading a key before the request is parsed for real, which alone decides what the
+/// bytes mean.
+pub fn peek_first_key(b: &[u8]) -> Option<&[u8]> {
     let (count, pos) = plain_length(b, 0, b'*')?;
     if count < 2 {
         return None;
     }
     let (name_len, name_at) = plain_length(b, pos, b'$')?;
-    let (len, at) = plain_length(b, name_at.checked_add(name_len)?.checked_add(2)?, b'$')?;
-    b.get(at..at.checked_add(len)?)
+    let name_end = name_at.checked_add(name_len)?;
+    let name = b.get(name_at..name_end)?;
+    let (len, at) = plain_length(b, name_end.checked_add(2)?, b'$')?;
+    let first_end = at.checked_add(len)?;
+    if !is_script_call(name) {
+        return b.get(at..first_end);
+    }
+    let (n_len, n_at) = plain_length(b, first_end.checked_add(2)?, b'$')?;
+    let n_end = n_at.checked_add(n_len)?;
+    if count < 4 || !declares_keys(b.get(n_at..n_end)?) {
+        return None;
+    }
+    let (key_len, key_at) = plain_length(b, n_end.checked_add(2)?, b'$')?;
+    b.get(key_at..key_at.checked_add(key_len)?)
+}
+
+/// `peek_first_key` for a parsed request.
+pub fn first_key(args: &[Bytes]) -> Option<&Bytes> {
+    match args.first() {
+        Some(name) if is_script_call(name) => args.get(3).filter(|_| declares_keys(&args[2])),
+        _ => args.get(1),
+    }
+}
+
+/// EVAL, EVALSHA, FCALL or a read-only form: a body or name, then the number of keys,
+/// then the keys.
+fn is_script_call(name: &[u8]) -> bool {
+    matches!(name.len(), 4 | 5 | 7 | 8 | 10)
+        && matches!(name[0], b'e' | b'E' | b'f' | b'F')
+        && [
+            &b"eval"[..],
+            b"evalsha",
+            b"eval_ro",
+            b"evalsha_ro",
+            b"fcall",
+            b"fcall_ro",
+        ]
+        .iter()
+        .any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// A script call's number of keys is a positive decimal.
+fn declares_keys(numkeys: &[u8]) -> bool {
+    numkeys.first().is_some_and(|&d| (b'1'..=b'9').contains(&d))
+        && numkeys.iter().all(u8::is_ascii_digit)
 }
 
 /// Finds where each bulk of a request lies, starting at `pos`; returns where the request
@@ -757,34 +802,67 @@ mod tests {
     type Outcome = (Vec<Vec<Bytes>>, Option<ProtocolError>);
 
     #[test]
-    fn the_first_argument_is_peeked_only_where_it_is_whole() {
+    fn the_first_key_is_peeked_only_where_it_is_whole() {
         let set = b"*3\r\n$3\r\nSET\r\n$5\r\nkey:1\r\n$1\r\nv\r\n";
-        assert_eq!(peek_first_argument(set), Some(&b"key:1"[..]));
+        assert_eq!(peek_first_key(set), Some(&b"key:1"[..]));
         // Cut anywhere inside the key (or before it): nothing.
         for cut in 0..22 {
-            assert_eq!(peek_first_argument(&set[..cut]), None, "cut at {cut}");
+            assert_eq!(peek_first_key(&set[..cut]), None, "cut at {cut}");
         }
-        assert_eq!(peek_first_argument(&set[..22]), Some(&b"key:1"[..]));
-        assert_eq!(peek_first_argument(b"*1\r\n$4\r\nPING\r\n"), None);
-        assert_eq!(peek_first_argument(b"GET key\r\n"), None);
-        assert_eq!(peek_first_argument(b"*2\r\n$3\r\nGET\r\n:5\r\n"), None);
+        assert_eq!(peek_first_key(&set[..22]), Some(&b"key:1"[..]));
+        assert_eq!(peek_first_key(b"*1\r\n$4\r\nPING\r\n"), None);
+        assert_eq!(peek_first_key(b"GET key\r\n"), None);
+        assert_eq!(peek_first_key(b"*2\r\n$3\r\nGET\r\n:5\r\n"), None);
         // A length past the end of the bytes: nothing.
-        assert_eq!(peek_first_argument(b"*2\r\n$99999999999\r\nGET\r\n"), None);
+        assert_eq!(peek_first_key(b"*2\r\n$99999999999\r\nGET\r\n"), None);
         // A name whose length is not its header's: the peek looks for the next header at
         // the wrong place and finds none here (elsewhere it might find a wrong key, which
         // only wastes a prefetch: the parser decides what the bytes are).
+        assert_eq!(peek_first_key(b"*2\r\n$5\r\nGET\r\n$3\r\nkey\r\n"), None);
+        assert_eq!(peek_first_key(b"*2\r\n$1\r\nGET\r\n$3\r\nkey\r\n"), None);
         assert_eq!(
-            peek_first_argument(b"*2\r\n$5\r\nGET\r\n$3\r\nkey\r\n"),
-            None
-        );
-        assert_eq!(
-            peek_first_argument(b"*2\r\n$1\r\nGET\r\n$3\r\nkey\r\n"),
-            None
-        );
-        assert_eq!(
-            peek_first_argument(b"*2\r\n$0\r\n\r\n$0\r\n\r\n"),
+            peek_first_key(b"*2\r\n$0\r\n\r\n$0\r\n\r\n"),
             Some(&b""[..])
         );
+        // A script call's first key is its third argument, the SHA or body skipped.
+        let call = b"*5\r\n$7\r\nevalsha\r\n$3\r\nabc\r\n$1\r\n2\r\n$2\r\nq1\r\n$2\r\nq2\r\n";
+        assert_eq!(peek_first_key(call), Some(&b"q1"[..]));
+        for cut in 0..call.len() - 10 {
+            assert_eq!(peek_first_key(&call[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(
+            peek_first_key(b"*4\r\n$8\r\nFCALL_RO\r\n$1\r\nf\r\n$2\r\n10\r\n$1\r\nk\r\n"),
+            Some(&b"k"[..])
+        );
+        // No keys, or a count that is not a positive number: no key to hint.
+        for numkeys in ["0", "-1", "01", "x", ""] {
+            let req = format!(
+                "*4\r\n$4\r\nEVAL\r\n$1\r\nb\r\n${}\r\n{numkeys}\r\n$1\r\nk\r\n",
+                numkeys.len()
+            );
+            assert_eq!(peek_first_key(req.as_bytes()), None, "numkeys {numkeys:?}");
+        }
+        assert_eq!(
+            peek_first_key(b"*3\r\n$4\r\nEVAL\r\n$1\r\nb\r\n$1\r\n1\r\n"),
+            None
+        );
+        // The parsed form agrees.
+        let args = |v: &[&str]| -> Vec<Bytes> {
+            v.iter()
+                .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+                .collect()
+        };
+        assert_eq!(
+            first_key(&args(&["evalsha", "abc", "2", "q1", "q2"])).map(|k| &k[..]),
+            Some(&b"q1"[..])
+        );
+        assert_eq!(first_key(&args(&["EVAL", "b", "0"])), None);
+        assert_eq!(first_key(&args(&["EVAL", "b", "1"])), None);
+        assert_eq!(
+            first_key(&args(&["SET", "k", "v"])).map(|k| &k[..]),
+            Some(&b"k"[..])
+        );
+        assert_eq!(first_key(&args(&["PING"])), None);
     }
 
     fn limits() -> ParseLimits {

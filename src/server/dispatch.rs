@@ -114,9 +114,9 @@ pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
 /// Starts loading the table buckets of a pipelined group's keys before the group runs, so
 /// that their cache misses overlap instead of coming one after another, command by command
 /// (at depth 16 they were a fifth of the server's CPU: BENCHMARKS.md, "Prefetching a
-/// pipelined group's keys"). The first argument after the name stands for the key without
-/// looking the command up: for most keyed commands it is the key, and where it is not, the
-/// prefetch is only wasted. It stops at the first such argument that maps to another
+/// pipelined group's keys"). `parse::first_key` stands for the key without looking the
+/// command up (the argument after the name, or a script call's first declared key): for
+/// most keyed commands it is the key, and where it is not, the prefetch is only wasted. It stops at the first such argument that maps to another
 /// thread's shard (or whose round-robin tag has no shard yet: looking places nothing,
 /// `Placement::shard_if_placed`): the group waits there for that shard's replies, and while
 /// it waits other connections run and evict what was loaded (measured: with that run ahead
@@ -133,7 +133,7 @@ pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
     db.table.prefetch_many(
         cmds.iter()
             .filter_map(|c| {
-                c.get(1)
+                crate::protocol::parse::first_key(c)
                     .filter(|k| k.len() <= crate::types::table::PREFETCH_KEY_MAX)
             })
             .take_while(|key| placement.shard_if_placed(key) == here)
@@ -144,8 +144,9 @@ pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
 /// Starts loading the keys of requests that came to different connections in one pass,
 /// before any of them runs (`reactor::hint_fresh`): without a pipeline each connection
 /// brings one request, so the misses `prefetch_keys` overlaps within a group would
-/// otherwise come one reader after another. Each request's first argument stands for its
-/// key, in database 0 (where the connection selected another, the prefetch is only wasted).
+/// otherwise come one reader after another. Each request's first key as
+/// `parse::peek_first_key` guesses it stands for its key, in database 0 (where the
+/// connection selected another, the prefetch is only wasted).
 pub(crate) fn prefetch_first_keys(worker: &Worker, requests: &[&[u8]]) {
     let Ok(shard) = worker.shard.try_borrow() else {
         return;
@@ -158,7 +159,7 @@ pub(crate) fn prefetch_first_keys(worker: &Worker, requests: &[&[u8]]) {
     db.table.prefetch_many(
         requests
             .iter()
-            .filter_map(|r| crate::protocol::parse::peek_first_argument(r))
+            .filter_map(|r| crate::protocol::parse::peek_first_key(r))
             .filter(|k| {
                 k.len() <= crate::types::table::PREFETCH_KEY_MAX
                     && placement.shard_if_placed(k) == here

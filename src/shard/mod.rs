@@ -1262,8 +1262,8 @@ fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
 /// before the first of them runs. A batch hopped here carries a connection's run of
 /// commands for this shard, two at depth 16 on two threads, so prefetching batch by batch
 /// would overlap little; a turn takes the batches of many connections at once. Each
-/// command's first argument stands for its key (for most keyed commands it is; where it
-/// is not, one prefetch is wasted), in the database of the first batch.
+/// command's `parse::first_key` stands for its key (for most keyed commands it is; where
+/// it is not, one prefetch is wasted), in the database of the first batch.
 pub fn prefetch_batches(worker: &Worker, mail: &VecDeque<Mail>) {
     let mut batches = mail
         .iter()
@@ -1285,7 +1285,7 @@ pub fn prefetch_batches(worker: &Worker, mail: &VecDeque<Mail>) {
         batches
             .filter(|b| b.db == db)
             .flat_map(|b| b.cmds.iter())
-            .filter_map(|(_, args)| args.get(1))
+            .filter_map(|(_, args)| crate::protocol::parse::first_key(args))
             .filter(|k| k.len() <= crate::types::table::PREFETCH_KEY_MAX)
             .map(|k| &k[..]),
     );
