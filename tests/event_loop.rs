@@ -2887,6 +2887,7 @@ fn hopped_replies_past_a_batchs_limit_come_back_whole_and_in_order() {
         keys_on_each_shard("big:c:", 2),
         keys_on_each_shard("big:d:", 2),
     ];
+    let counters = keys_on_each_shard("big:n:", 2);
     let value = |k: &str| -> Vec<u8> {
         let seed = k
             .bytes()
@@ -2915,7 +2916,7 @@ fn hopped_replies_past_a_batchs_limit_come_back_whole_and_in_order() {
                 cmds.push(vec![b"GET".to_vec(), k.as_bytes().to_vec()]);
                 want.push(bulk(value(k)));
             }
-            let ctr = format!("{}:n", keys[0][shard]);
+            let ctr = counters[shard].clone();
             cmds.push(vec![b"INCR".to_vec(), ctr.into_bytes()]);
             want.push(Resp::Integer(round + 1));
         }

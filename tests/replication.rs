@@ -2698,3 +2698,59 @@ fn replication_stream(threads: usize, diskless: &str) {
     );
     raw.wait_offset_matches(&master, "after the partial resync");
 }
+
+// ---------------------------------------------------------------------------
+// A replicated command whose reply passes a batch's reply limit
+// ---------------------------------------------------------------------------
+
+threads_1_and_4!(
+    replica_applies_what_follows_a_large_reply,
+    after_a_large_reply
+);
+/// The replica applies the master's single-shard commands in batches, and a batch stops
+/// once its replies pass 1 MiB, handing back the commands it did not run. A replica that
+/// dropped those would skip every write after a large reply in the same read, while its
+/// offset still advanced: LPOP of three 600 KB values, then writes to the same shard.
+fn after_a_large_reply(threads: usize) {
+    let master = redis_master(&[]);
+    let mut mc = master.client();
+    let value = "v".repeat(600_000);
+    let push = args![
+        "RPUSH",
+        "{q}list",
+        value.as_str(),
+        value.as_str(),
+        value.as_str()
+    ];
+    run(&mut mc, &[push], "master");
+    let replica = sut(&[], threads);
+    replicaof(&replica, &master);
+    wait_synced(&master, &replica, "after the full sync");
+    // One pipeline, so the replica reads the three commands together.
+    run(
+        &mut mc,
+        &[
+            args!["LPOP", "{q}list", "3"],
+            args!["SET", "{q}after", "1"],
+            args!["INCR", "{q}n"],
+        ],
+        "master",
+    );
+    wait_synced(&master, &replica, "after the pops");
+    let mut rc = replica.client();
+    assert_eq!(
+        rc.cmd(&["LLEN", "{q}list"]),
+        Resp::Integer(0),
+        "LLEN on the replica"
+    );
+    assert_eq!(
+        rc.cmd(&["GET", "{q}after"]),
+        Resp::bulk("1"),
+        "the SET after the pops"
+    );
+    assert_eq!(
+        rc.cmd(&["GET", "{q}n"]),
+        Resp::bulk("1"),
+        "the INCR after the pops"
+    );
+}

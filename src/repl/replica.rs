@@ -900,24 +900,33 @@ impl Batches {
             if cmds.is_empty() {
                 continue;
             }
-            let cmds = std::mem::take(cmds);
+            let mut cmds = std::mem::take(cmds);
             let worker = sess.worker.clone();
-            let spec = crate::shard::BatchSpec {
-                db: sess.db,
-                resp3: false,
-                client_id: sess.id,
-                no_touch: false,
-                atomic: None,
-                reader: None,
-            };
+            let (db, client_id) = (sess.db, sess.id);
             running.push(crate::net::event_loop::spawn_local(async move {
-                crate::shard::run_batch_on(&worker, shard, cmds, spec).await
+                // A batch stops once its replies pass `BATCH_REPLY_LIMIT` (a large LPOP
+                // with a count) and hands back the commands it did not run: they go again,
+                // or every write after the large reply would be skipped.
+                loop {
+                    let spec = crate::shard::BatchSpec {
+                        db,
+                        resp3: false,
+                        client_id,
+                        no_touch: false,
+                        atomic: None,
+                        reader: None,
+                    };
+                    let result = crate::shard::run_batch_on(&worker, shard, cmds, spec).await;
+                    log_error(&result.out.buf);
+                    if result.rest.is_empty() {
+                        break;
+                    }
+                    cmds = result.rest;
+                }
             }));
         }
         for r in running {
-            if let Ok(result) = r.await {
-                log_error(&result.out.buf);
-            }
+            let _ = r.await;
         }
     }
 }

@@ -161,7 +161,7 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
             let next = {
                 let mut deferred = worker.deferred.borrow_mut();
                 if deferred.is_empty() && worker.mailbox.take_into(&mut deferred) > 1 {
-                    crate::shard::prefetch_batches(worker, &deferred);
+                    crate::shard::prefetch_batches(worker, deferred.iter().take(MAIL_PER_TURN));
                 }
                 deferred.pop_front()
             };

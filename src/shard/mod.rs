@@ -1120,7 +1120,8 @@ pub struct BatchResult {
     /// Commands of a pipelined batch left for a later batch once its replies grew past
     /// `BATCH_REPLY_LIMIT`, so a pipeline of large replies is written out in parts.
     pub rest: hops::Cmds,
-    /// The batch's queue with the commands that ran (or, aborted, that did not), for the
+    /// The batch's queue with the commands that ran (or, aborted or answered BUSY, that
+    /// did not), for the
     /// sending thread to drop and reuse (`hops::recycle`). An argument is a slice of the
     /// sending connection's read buffer, sharing its reference count: dropped on the
     /// thread that ran it, each decrement pulled that count's cache line across cores, and
@@ -1263,10 +1264,11 @@ fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
 /// commands for this shard, two at depth 16 on two threads, so prefetching batch by batch
 /// would overlap little; a turn takes the batches of many connections at once. Each
 /// command's `parse::first_key` stands for its key (for most keyed commands it is; where
-/// it is not, one prefetch is wasted), in the database of the first batch.
-pub fn prefetch_batches(worker: &Worker, mail: &VecDeque<Mail>) {
+/// it is not, one prefetch is wasted), in the database of the first batch. The caller
+/// passes no more mail than it runs before yielding, so what is loaded is used before
+/// other work can evict it.
+pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail>) {
     let mut batches = mail
-        .iter()
         .filter_map(|m| match m {
             Mail::Batch(b) => Some(b),
             _ => None,
