@@ -117,10 +117,11 @@ pub fn note_affinity(sess: &mut Session, shard: usize, n: u32) {
 /// pipelined group's keys"). `parse::first_key` stands for the key without looking the
 /// command up (the argument after the name, or a script call's first declared key): for
 /// most keyed commands it is the key, and where it is not, the prefetch is only wasted.
-/// It stops at the first such key that maps to another thread's shard (or whose round-robin tag has no shard yet: looking places nothing,
-/// `Placement::shard_if_placed`): the group waits there for that shard's replies, and while
-/// it waits other connections run and evict what was loaded (measured: with that run ahead
-/// too, SET at depth 16 on two threads cost 11% more instead of less).
+/// It stops at the first such key that maps to another thread's shard (or whose
+/// round-robin tag has no shard yet: looking places nothing, `Placement::shard_if_placed`):
+/// the group waits there for that shard's replies, and while it waits other connections
+/// run and evict what was loaded (measured: with that run ahead too, SET at depth 16 on
+/// two threads cost 11% more instead of less).
 pub(crate) fn prefetch_keys(sess: &Session, cmds: &[Vec<Bytes>]) {
     let Ok(shard) = sess.worker.shard.try_borrow() else {
         return;

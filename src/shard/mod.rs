@@ -1263,8 +1263,7 @@ fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
 /// before the first of them runs. A batch hopped here carries a connection's run of
 /// commands for this shard, two at depth 16 on two threads, so prefetching batch by batch
 /// would overlap little; a turn takes the batches of many connections at once. Each
-/// command's `parse::first_key` stands for its key (for most keyed commands it is; where
-/// it is not, one prefetch is wasted), in the database of the first batch. The caller
+/// command's first key, where its key range says, in the database of the first batch. The caller
 /// passes no more mail than it runs before yielding, so what is loaded is used before
 /// other work can evict it.
 pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail>) {
@@ -1287,7 +1286,11 @@ pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail
         batches
             .filter(|b| b.db == db)
             .flat_map(|b| b.cmds.iter())
-            .filter_map(|(_, args)| crate::protocol::parse::first_key(args))
+            .filter_map(|(cmd, args)| match cmd.keys {
+                // The batch knows its commands: the first key is where the table says.
+                crate::commands::Keys::Range(first, _, _) if first > 0 => args.get(first as usize),
+                _ => None,
+            })
             .filter(|k| k.len() <= crate::types::table::PREFETCH_KEY_MAX)
             .map(|k| &k[..]),
     );

@@ -222,8 +222,8 @@ impl Table {
         ((hash >> SEG_SHIFT) as usize) & (self.segments.len() - 1)
     }
 
-    /// Starts bringing the buckets of `keys`, then their keys' and values' bytes, into the cache,
-    /// without waiting for them: for a pipelined group, whose keys' misses then overlap
+    /// Starts bringing the buckets of `keys`, then their keys' and values' bytes, into the
+    /// cache, without waiting for them: for a pipelined group, whose keys' misses then overlap
     /// instead of coming one after another as each command runs. Sixteen keys at a time,
     /// in steps, so that no key's misses wait on another's: the first hashes each key and
     /// prefetches its segment's header; the second reads each key's probe group (misses
