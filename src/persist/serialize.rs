@@ -129,7 +129,7 @@ impl ShardSnapshot {
                 self.deferred.push_back(Deferred {
                     id: self.next_part,
                     db,
-                    key: e.key.clone(),
+                    key: e.key.as_bytes().into(),
                     expire_at: e.expire_at(),
                     list: (**l).clone(),
                     next: None,

@@ -183,7 +183,7 @@ impl Shard {
                     _ => 0,
                 };
                 if best.as_ref().is_none_or(|b| score > b.0) {
-                    best = Some((score, db, e.key.clone()));
+                    best = Some((score, db, e.key.as_bytes().into()));
                 }
             }
             if random && best.is_some() {

@@ -807,7 +807,11 @@ impl Shard {
     /// Removes every key of `db`, telling watchers of keys that existed.
     pub fn flush_db(&mut self, db: usize) {
         if !self.watches.is_empty() {
-            let keys: Vec<Box<[u8]>> = self.dbs[db].table.iter().map(|e| e.key.clone()).collect();
+            let keys: Vec<Box<[u8]>> = self.dbs[db]
+                .table
+                .iter()
+                .map(|e| e.key.as_bytes().into())
+                .collect();
             for k in keys {
                 self.watches.touch(db, &k);
             }

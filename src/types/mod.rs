@@ -3,6 +3,7 @@
 pub mod geohash;
 pub mod hash;
 pub mod hll;
+pub mod key;
 pub mod list;
 pub mod longdouble;
 pub mod set;

@@ -10,11 +10,13 @@ use std::hash::BuildHasher;
 
 use hashbrown::hash_table::HashTable;
 
+use super::key::{Key, KeyProbe};
 use super::list::List;
 use super::value::Value;
 
 pub struct Entry {
-    pub key: Box<[u8]>,
+    /// Inline when short (`types::key`), so that comparing it costs no miss of its own.
+    pub key: Key,
     pub value: Value,
     /// Absolute expiry in unix milliseconds, 0 for none. Changed only through the table,
     /// which keeps the per-segment counts of volatile keys.
@@ -22,6 +24,9 @@ pub struct Entry {
     /// Unix seconds of the last access (OBJECT IDLETIME).
     pub lru: u32,
 }
+
+// An entry fills at most two cache lines, as its bucket's prefetch assumes.
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 impl Entry {
     pub fn expire_at(&self) -> u64 {
@@ -254,15 +259,18 @@ impl Table {
                     n += 1;
                 }
             }
-            // The key's bytes and what the command reads first in its value. A list's
-            // ends are three pointers further (slots, chunks, bytes), each a step of its
-            // own over all the lists, so that their misses overlap too: pushes and pops
-            // are what queues do. An entry may be another key's with the same tag: what
-            // it points to is loaded for nothing, never misread.
+            // A long key's bytes (a short one is in the entry) and what the command reads
+            // first in its value. A list's ends are three pointers further (slots,
+            // chunks, bytes), each a step of its own over all the lists, so that their
+            // misses overlap too: pushes and pops are what queues do. An entry may be
+            // another key's with the same tag: what it points to is loaded for nothing,
+            // never misread.
             let mut lists: [Option<&List>; PREFETCH_ROUND] = [None; PREFETCH_ROUND];
             let mut n_lists = 0;
             for entry in found[..n].iter().flatten() {
-                prefetch_read(entry.key.as_ptr());
+                if !entry.key.is_inline() {
+                    prefetch_read(entry.key.as_ptr());
+                }
                 if let Some(p) = entry.value.payload_ptr() {
                     prefetch_read(p);
                 }
@@ -289,16 +297,20 @@ impl Table {
 
     pub fn get(&self, key: &[u8]) -> Option<&Entry> {
         let h = self.hash(key);
+        let probe = KeyProbe::new(key);
         self.segments[self.seg_index(h)]
             .entries
-            .find(h, |e| &*e.key == key)
+            .find(h, |e| e.key.matches(&probe))
     }
 
     pub fn get_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
         let h = self.hash(key);
+        let probe = KeyProbe::new(key);
         let i = self.seg_index(h);
         self.before_write(i);
-        self.segments[i].entries.find_mut(h, |e| &*e.key == key)
+        self.segments[i]
+            .entries
+            .find_mut(h, |e| e.key.matches(&probe))
     }
 
     /// The entry of `key` for writing, told apart from an expired one, in one probe:
@@ -306,9 +318,13 @@ impl Table {
     /// hashing it a second time.
     pub fn get_live_mut(&mut self, key: &[u8], now_ms: u64) -> Probe<'_> {
         let h = self.hash(key);
+        let probe = KeyProbe::new(key);
         let i = self.seg_index(h);
         self.before_write(i);
-        match self.segments[i].entries.find_mut(h, |e| &*e.key == key) {
+        match self.segments[i]
+            .entries
+            .find_mut(h, |e| e.key.matches(&probe))
+        {
             None => Probe::Missing,
             Some(e) if e.is_expired(now_ms) => Probe::Expired,
             Some(e) => Probe::Live(e),
@@ -325,10 +341,11 @@ impl Table {
         lru: u32,
     ) -> Option<Replaced> {
         let h = self.hash(key);
+        let probe = KeyProbe::new(key);
         let i = self.seg_index(h);
         self.before_write(i);
         let seg = &mut self.segments[i];
-        let Some(e) = seg.entries.find_mut(h, |e| &*e.key == key) else {
+        let Some(e) = seg.entries.find_mut(h, |e| e.key.matches(&probe)) else {
             self.insert_hashed(h, i, key.into(), value, expire_at, lru);
             return None;
         };
@@ -351,7 +368,7 @@ impl Table {
         let h = self.hash(&key);
         let i = self.seg_index(h);
         self.before_write(i);
-        self.insert_hashed(h, i, key, value, expire_at, lru);
+        self.insert_hashed(h, i, key.into(), value, expire_at, lru);
     }
 
     /// `insert_new` once the key's hash and segment are known and the segment is saved.
@@ -359,7 +376,7 @@ impl Table {
         &mut self,
         h: u64,
         i: usize,
-        key: Box<[u8]>,
+        key: Key,
         value: Value,
         expire_at: u64,
         lru: u32,
@@ -385,10 +402,11 @@ impl Table {
 
     pub fn remove(&mut self, key: &[u8]) -> Option<Entry> {
         let h = self.hash(key);
+        let probe = KeyProbe::new(key);
         let i = self.seg_index(h);
         self.before_write(i);
         let seg = &mut self.segments[i];
-        let entry = match seg.entries.find_entry(h, |e| &*e.key == key) {
+        let entry = match seg.entries.find_entry(h, |e| e.key.matches(&probe)) {
             Ok(occupied) => occupied.remove().0,
             Err(_) => return None,
         };
@@ -406,10 +424,11 @@ impl Table {
     /// Sets or clears (0) the expiry of an existing key; false when the key is absent.
     pub fn set_expire(&mut self, key: &[u8], expire_at: u64) -> bool {
         let h = self.hash(key);
+        let probe = KeyProbe::new(key);
         let i = self.seg_index(h);
         self.before_write(i);
         let seg = &mut self.segments[i];
-        let Some(e) = seg.entries.find_mut(h, |e| &*e.key == key) else {
+        let Some(e) = seg.entries.find_mut(h, |e| e.key.matches(&probe)) else {
             return false;
         };
         recount_volatile(
