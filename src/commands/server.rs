@@ -1126,13 +1126,17 @@ async_handler!(debug, |sess, args| {
             let key = args[2].clone();
             let shard = sess.worker.shard_of(&key);
             let found = hop(&sess.worker, shard, move |w| {
+                let opts = super::keys::dump_options(&w.shared);
                 let mut sh = w.shard.borrow_mut();
                 let lru = sh.lru_clock();
                 sh.lookup(db, &key, unix_ms()).map(|e| {
+                    // The value's length in an RDB file, as Redis's rdbSavedObjectLen.
+                    let mut body = Vec::new();
+                    crate::persist::rdb::write::put_value(&mut body, &e.value, &opts);
                     format!(
                         "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
                         e.value.encoding(),
-                        e.value.heap_size(),
+                        body.len(),
                         e.lru,
                         lru.saturating_sub(e.lru)
                     )
