@@ -397,6 +397,8 @@ fn basics(threads: usize) {
         assert_eq!(p.same(args!["PFMERGE", key, a.as_str()]), err(NOT_HLL));
         assert_eq!(p.same(args!["PFDEBUG", "ENCODING", key]), err(NOT_HLL));
         p.same(args!["GET", key]);
+        // A refused PFADD leaves the string as it was: "embstr" stays "embstr".
+        p.same(args!["OBJECT", "ENCODING", key]);
     }
     assert_eq!(p.same(args!["EXISTS", "dst"]), Resp::Integer(0));
     assert_eq!(p.same(args!["PFADD", "list", "x"]), err(WRONGTYPE));

@@ -183,8 +183,9 @@ const MEMORY_HELP: &[&str] = &[
     "    Print this help.",
 ];
 
-/// What one entry of the key table costs besides its key and value.
-const ENTRY_OVERHEAD: usize = 48;
+/// What one entry of the key table costs, a short key and a short string included
+/// (`types::key`, `StrValue::Small`): what they hold on the heap comes on top.
+const ENTRY_OVERHEAD: usize = 64;
 
 async_handler!(memory, |sess, args| {
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_lowercase();
@@ -202,7 +203,7 @@ async_handler!(memory, |sess, args| {
             let size = hop(&sess.worker, shard, move |w| {
                 let mut sh = w.shard.borrow_mut();
                 sh.lookup(db, &key, unix_ms())
-                    .map(|e| ENTRY_OVERHEAD + e.key.len() + e.value.heap_size())
+                    .map(|e| ENTRY_OVERHEAD + e.key.heap_size() + e.value.heap_size())
             })
             .await;
             match size {

@@ -28,10 +28,10 @@ fn read<'a>(ctx: &'a mut ExecCtx, key: &[u8]) -> Result<Option<&'a [u8]>, &'stat
     match ctx.get_read(key) {
         None => Ok(None),
         Some(e) => match &e.value {
-            Value::Str(StrValue::Plain(b) | StrValue::Mutated(b)) if hll::looks_valid(b) => {
-                Ok(Some(b))
-            }
-            Value::Str(_) => Err(hll::WRONG_HLL),
+            Value::Str(s) => match s.raw_bytes() {
+                Some(b) if hll::looks_valid(b) => Ok(Some(b)),
+                _ => Err(hll::WRONG_HLL),
+            },
             _ => Err(WRONGTYPE),
         },
     }
@@ -42,14 +42,9 @@ fn write<'a>(ctx: &'a mut ExecCtx, key: &[u8]) -> Result<Option<&'a mut Vec<u8>>
     match ctx.get(key) {
         None => Ok(None),
         Some(e) => match &mut e.value {
-            Value::Str(s @ (StrValue::Plain(_) | StrValue::Mutated(_))) => {
-                let b = s.make_mut();
-                if hll::looks_valid(b) {
-                    Ok(Some(b))
-                } else {
-                    Err(hll::WRONG_HLL)
-                }
-            }
+            // Checked before `make_mut`, which turns the string `raw`: a refused PFADD
+            // leaves it as it was, as Redis does.
+            Value::Str(s) if s.raw_bytes().is_some_and(hll::looks_valid) => Ok(Some(s.make_mut())),
             Value::Str(_) => Err(hll::WRONG_HLL),
             _ => Err(WRONGTYPE),
         },

@@ -631,13 +631,13 @@ fn incr_by_float(ctx: &mut ExecCtx, key: &[u8], incr: &[u8]) -> Result<Vec<u8>, 
         let mut scratch = [0u8; 20];
         let new = longdouble::incr_by_float(s.as_bytes(&mut scratch), incr)?;
         // Redis stores the printed sum as a plain string (embstr or raw), never an int.
-        *s = StrValue::Plain(new.clone());
+        *s = StrValue::from_bytes_not_int(&new);
         ctx.modified(key);
         ctx.notify(b'$', "incrbyfloat", key);
         return Ok(new);
     }
     let new = longdouble::incr_by_float(b"0", incr)?;
-    ctx.set(key, Value::Str(StrValue::Plain(new.clone())), 0);
+    ctx.set(key, Value::Str(StrValue::from_bytes_not_int(&new)), 0);
     ctx.notify(b'$', "incrbyfloat", key);
     Ok(new)
 }

@@ -133,7 +133,7 @@ impl Shard {
                 break;
             };
             freed.keys += 1;
-            freed.bytes += e.key.len() + e.value.heap_size() + 64;
+            freed.bytes += e.key.heap_size() + e.value.heap_size() + 64;
             drop(e);
             self.log_effect(db, &[b"DEL".as_slice(), &key]);
             self.stats.evicted_keys += 1;

@@ -714,6 +714,7 @@ mod tests {
             0,
         );
         t.insert(b"blank", Value::Str(StrValue::Plain(Vec::new())), 0, 0);
+        t.insert(b"small", Value::Str(StrValue::from_bytes(b"short")), 0, 0);
         t.insert(
             b"mutated",
             Value::Str(StrValue::Mutated(vec![7; 100])),
@@ -727,7 +728,7 @@ mod tests {
             t.prefetch_many(
                 names
                     .iter()
-                    .chain(["mutated", "absent"].iter())
+                    .chain(["mutated", "small", "absent"].iter())
                     .map(|k| k.as_bytes()),
             );
         }
@@ -738,7 +739,7 @@ mod tests {
             assert!(got.iter().eq(l.iter()), "{k} changed");
         }
         assert!(shared_copy.iter().eq(lists[4].1.iter()));
-        assert_eq!(t.len(), 9);
+        assert_eq!(t.len(), 10);
     }
 
     #[test]
