@@ -1131,12 +1131,12 @@ async_handler!(debug, |sess, args| {
                 let lru = sh.lru_clock();
                 sh.lookup(db, &key, unix_ms()).map(|e| {
                     // The value's length in an RDB file, as Redis's rdbSavedObjectLen.
-                    let mut body = Vec::new();
+                    let mut body = crate::persist::rdb::write::Counted::default();
                     crate::persist::rdb::write::put_value(&mut body, &e.value, &opts);
                     format!(
                         "Value at:0x0 refcount:1 encoding:{} serializedlength:{} lru:{} lru_seconds_idle:{}",
                         e.value.encoding(),
-                        body.len(),
+                        body.0,
                         e.lru,
                         lru.saturating_sub(e.lru)
                     )

@@ -1125,12 +1125,11 @@ pub struct BatchResult {
     /// `BATCH_REPLY_LIMIT`, so a pipeline of large replies is written out in parts.
     pub rest: hops::Cmds,
     /// The batch's queue with the commands that ran (or, aborted or answered BUSY, that
-    /// did not), for the
-    /// sending thread to drop and reuse (`hops::recycle`). An argument is a slice of the
-    /// sending connection's read buffer, sharing its reference count: dropped on the
-    /// thread that ran it, each decrement pulled that count's cache line across cores, and
-    /// the sender's next parse pulled it back (at depth 16 on two threads,
-    /// `shared_v_clone` cost five times its one-thread figure).
+    /// did not), for the sending thread to drop and reuse (`hops::recycle`). An argument
+    /// is a slice of the sending connection's read buffer, sharing its reference count:
+    /// dropped on the thread that ran it, each decrement pulled that count's cache line
+    /// across cores, and the sender's next parse pulled it back (at depth 16 on two
+    /// threads, `shared_v_clone` cost five times its one-thread figure).
     pub spent: hops::Cmds,
     /// Blocked moves the batch set off on other shards, to wait for before answering.
     pub settle: Vec<oneshot::Receiver<()>>,
@@ -1267,9 +1266,9 @@ fn batch_keys(batch: &Batch, all: bool) -> Vec<Bytes> {
 /// before the first of them runs. A batch hopped here carries a connection's run of
 /// commands for this shard, two at depth 16 on two threads, so prefetching batch by batch
 /// would overlap little; a turn takes the batches of many connections at once. Each
-/// command's first key, where its key range says, in the database of the first batch. The caller
-/// passes no more mail than it runs before yielding, so what is loaded is used before
-/// other work can evict it.
+/// command's first key, where its key range says, in the database of the first batch.
+/// The caller passes no more mail than it runs before yielding, so what is loaded is used
+/// before other work can evict it.
 pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail>) {
     let mut batches = mail
         .filter_map(|m| match m {

@@ -33,6 +33,17 @@ impl Sink for Vec<u8> {
     }
 }
 
+/// Counts what would be written, keeping none of it: DEBUG OBJECT's `serializedlength`
+/// (Redis's `rdbSavedObjectLen`) without a copy of the value.
+#[derive(Default)]
+pub struct Counted(pub usize);
+
+impl Sink for Counted {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
     /// 10 or 11: decides the stream record type.
