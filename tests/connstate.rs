@@ -981,6 +981,8 @@ fn object_freq() {
         &mut a,
         &["CONFIG", "SET", "maxmemory-policy", "allkeys-lfu"],
     );
+    // No decay: a wall-clock minute boundary between two reads would lower the counter.
+    ok(&mut a, &["CONFIG", "SET", "lfu-decay-time", "0"]);
     ok(&mut a, &["SET", "cold", "cold-value"]);
     ok(&mut a, &["SET", "hot", "hot-value"]);
     for _ in 0..100 {
