@@ -128,17 +128,63 @@ fn pop_items(
             (items, l.is_empty())
         }
     };
-    if !items.is_empty() {
+    after_pop(ctx, key, front, !items.is_empty(), empty, &waits);
+    Ok(Some(items))
+}
+
+/// What follows a pop: its event, the queue's metrics, and the key deleted once empty.
+fn after_pop(
+    ctx: &mut ExecCtx,
+    key: &[u8],
+    front: bool,
+    popped: bool,
+    empty: bool,
+    waits: &crate::observe::Waits,
+) {
+    if popped {
         ctx.notify(b'l', if front { "lpop" } else { "rpop" }, key);
-        ctx.shard.queues.popped(ctx.db, key, &waits, ctx.now_ms);
+        ctx.shard.queues.popped(ctx.db, key, waits, ctx.now_ms);
     }
     if empty {
         ctx.delete(key);
         ctx.notify(b'g', "del", key);
-    } else if !items.is_empty() {
+    } else if popped {
         ctx.modified(key);
     }
-    Ok(Some(items))
+}
+
+/// Pops one element and writes it into the reply, after `head` has written what comes
+/// before it, while the element still lies in its chunk: RPOP, LPOP and an unblocked
+/// BRPOP, a queue's commands, then take no allocation and copy per element. Ok(false):
+/// the key is missing and nothing was written.
+fn pop_one_into_reply(
+    ctx: &mut ExecCtx,
+    key: &[u8],
+    front: bool,
+    head: impl FnOnce(&mut Reply),
+) -> Result<bool, ()> {
+    let mut waits = crate::observe::Waits::default();
+    let empty = {
+        let (entry, out) = ctx.get_and_out(key);
+        let Some(e) = entry else {
+            return Ok(false);
+        };
+        let Value::List(l) = &mut e.value else {
+            return Err(());
+        };
+        let popped = l.pop_with(front, |v| {
+            head(out);
+            out.bulk(v);
+        });
+        // A stored list is never empty (the last pop deletes its key).
+        let Some(((), pushed_ms)) = popped else {
+            return Ok(false);
+        };
+        waits.popped(Some(pushed_ms));
+        l.is_empty()
+    };
+    after_pop(ctx, key, front, true, empty, &waits);
+    Ok(true)
 }
 
 fn parse_positive_count(arg: &[u8]) -> Result<usize, &'static str> {
@@ -155,7 +201,13 @@ fn pop(ctx: &mut ExecCtx, args: &[Bytes], front: bool) {
             .error(&super::arity_error(if front { "lpop" } else { "rpop" }));
     }
     let count = match args.get(2).map(|a| parse_positive_count(a)) {
-        None => None,
+        None => {
+            return match pop_one_into_reply(ctx, &args[1], front, |_| {}) {
+                Err(()) => ctx.out.error(WRONGTYPE),
+                Ok(false) => ctx.out.null(),
+                Ok(true) => {}
+            };
+        }
         Some(Ok(n)) => Some(n),
         Some(Err(e)) => return ctx.out.error(e),
     };
@@ -737,17 +789,18 @@ fn bpop_here(ctx: &mut ExecCtx, args: &[Bytes], left: bool) {
     }
     let keys = &args[1..args.len() - 1];
     for key in keys {
-        match pop_items(ctx, key, left, 1) {
+        let head = |out: &mut Reply| {
+            out.array(2);
+            out.bulk(key);
+        };
+        match pop_one_into_reply(ctx, key, left, head) {
             Err(()) => return ctx.out.error(WRONGTYPE),
-            Ok(None) => continue,
-            Ok(Some(items)) => {
+            Ok(false) => continue,
+            Ok(true) => {
                 if ctx.logging() {
                     let name: &'static [u8] = if left { b"LPOP" } else { b"RPOP" };
                     ctx.log_as(crate::persist::aof::effects::words(&[name, key]));
                 }
-                ctx.out.array(2);
-                ctx.out.bulk(key);
-                ctx.out.bulk(&items[0]);
                 return;
             }
         }

@@ -956,6 +956,24 @@ impl ExecCtx<'_> {
         Some(e)
     }
 
+    /// `get` that also hands back the reply buffer, so a reply can be written from the
+    /// entry while it is borrowed (a popped element, straight from its list).
+    pub fn get_and_out(&mut self, key: &[u8]) -> (Option<&mut Entry>, &mut Reply) {
+        let stamp = (!self.no_touch).then(|| self.shard.stamp(self.now_ms));
+        let ExecCtx {
+            shard,
+            db,
+            out,
+            now_ms,
+            ..
+        } = self;
+        let mut e = shard.lookup(*db, key, *now_ms);
+        if let (Some(e), Some(s)) = (e.as_deref_mut(), stamp) {
+            e.lru = s.apply(e.lru);
+        }
+        (e, &mut **out)
+    }
+
     /// Like `get` but counts a keyspace hit or miss, as Redis's read lookups do.
     pub fn get_read(&mut self, key: &[u8]) -> Option<&mut Entry> {
         self.get_read_and_out(key).0

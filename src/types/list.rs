@@ -184,20 +184,24 @@ impl Chunk {
         decode_before(&self.data, self.data.len())
     }
 
-    fn pop_front(&mut self) -> Box<[u8]> {
+    /// Removes the first element after `take` has seen its bytes; returns what `take`
+    /// made of them and their length.
+    fn pop_front_with<R>(&mut self, take: impl FnOnce(&[u8]) -> R) -> (R, usize) {
         let (range, next) = self.front();
-        let v: Box<[u8]> = self.data[range].into();
+        let len = range.len();
+        let r = take(&self.data[range]);
         self.head = next;
         self.count -= 1;
-        v
+        (r, len)
     }
 
-    fn pop_back(&mut self) -> Box<[u8]> {
+    fn pop_back_with<R>(&mut self, take: impl FnOnce(&[u8]) -> R) -> (R, usize) {
         let (range, start) = self.back();
-        let v: Box<[u8]> = self.data[range].into();
+        let len = range.len();
+        let r = take(&self.data[range]);
         self.data.truncate(start);
         self.count -= 1;
-        v
+        (r, len)
     }
 
     fn iter(&self) -> ChunkIter<'_> {
@@ -380,28 +384,41 @@ impl List {
 
     /// Pops the first element with the (estimated) time it was pushed.
     pub fn pop_front_timed(&mut self) -> Option<(Box<[u8]>, u64)> {
-        let c = Arc::make_mut(self.chunks.front_mut()?);
-        let pushed = c.stamp_pop(true);
-        let v = c.pop_front();
-        if c.count == 0 {
-            self.chunks.pop_front();
-        }
-        self.len -= 1;
-        self.bytes -= v.len();
-        Some((v, pushed))
+        self.pop_with(true, |v| Box::<[u8]>::from(v))
     }
 
     /// Pops the last element with the (estimated) time it was pushed.
     pub fn pop_back_timed(&mut self) -> Option<(Box<[u8]>, u64)> {
-        let c = Arc::make_mut(self.chunks.back_mut()?);
-        let pushed = c.stamp_pop(false);
-        let v = c.pop_back();
+        self.pop_with(false, |v| Box::<[u8]>::from(v))
+    }
+
+    /// Pops an element from the front (or the back), handing its bytes to `take` while
+    /// they are still in their chunk: a reply can be written from them without the
+    /// element being copied out first. Returns what `take` made and the element's
+    /// (estimated) push time.
+    pub fn pop_with<R>(&mut self, front: bool, take: impl FnOnce(&[u8]) -> R) -> Option<(R, u64)> {
+        let end = if front {
+            self.chunks.front_mut()
+        } else {
+            self.chunks.back_mut()
+        };
+        let c = Arc::make_mut(end?);
+        let pushed = c.stamp_pop(front);
+        let (r, len) = if front {
+            c.pop_front_with(take)
+        } else {
+            c.pop_back_with(take)
+        };
         if c.count == 0 {
-            self.chunks.pop_back();
+            if front {
+                self.chunks.pop_front();
+            } else {
+                self.chunks.pop_back();
+            }
         }
         self.len -= 1;
-        self.bytes -= v.len();
-        Some((v, pushed))
+        self.bytes -= len;
+        Some((r, pushed))
     }
 
     /// The estimated push time of the oldest element: the older of the oldest elements
