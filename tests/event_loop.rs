@@ -1885,7 +1885,17 @@ fn busy_script_replies_keep_order() {
                  {busy_seen}"
             );
         } else {
-            thread::sleep(Duration::from_millis(300));
+            // Until the script has run past the threshold (a fixed sleep could end before
+            // a loaded machine had started it).
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !a
+                .cmd(&["PING"])
+                .error_text()
+                .is_some_and(|e| e.starts_with("BUSY"))
+            {
+                assert!(Instant::now() < deadline, "round 0: A never met the script");
+                thread::sleep(Duration::from_millis(20));
+            }
         }
         // The script is still running: A is answered -BUSY.
         let r = a.cmd(&["PING"]);
@@ -2332,24 +2342,30 @@ fn replies_are_not_held_while_a_snapshot_runs() {
             assert_eq!(c.read(), Resp::ok());
         }
     }
-    let started = Instant::now();
-    let reply = c.cmd(&["BGSAVE"]);
-    let replied = started.elapsed();
-    assert_eq!(
-        reply.as_string().as_deref(),
-        Some("Background saving started"),
-        "{reply:?}"
-    );
-    let deadline = started + Duration::from_secs(60);
-    while info_int(&mut c, "persistence", "rdb_bgsave_in_progress") == 1 {
-        assert!(Instant::now() < deadline, "the save never ended");
-        std::thread::sleep(Duration::from_millis(2));
+    // A client descheduled for a while on a loaded machine can miss the mark once; held
+    // replies miss it every time. Three tries, one must pass.
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let reply = c.cmd(&["BGSAVE"]);
+        let replied = started.elapsed();
+        assert_eq!(
+            reply.as_string().as_deref(),
+            Some("Background saving started"),
+            "{reply:?}"
+        );
+        let deadline = started + Duration::from_secs(60);
+        while info_int(&mut c, "persistence", "rdb_bgsave_in_progress") == 1 {
+            assert!(Instant::now() < deadline, "the save never ended");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let saved = started.elapsed();
+        if replied * 4 < saved {
+            return;
+        }
+        tries.push((replied, saved));
     }
-    let saved = started.elapsed();
-    assert!(
-        replied * 4 < saved,
-        "BGSAVE's reply took {replied:?} of a save that took {saved:?}: held until it ended"
-    );
+    panic!("BGSAVE's reply against the whole save (three tries): {tries:?}: held until it ended");
 }
 
 /// Idle connections cost nothing per pass: the connections a thread's passes visit grow

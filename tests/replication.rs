@@ -1278,9 +1278,9 @@ fn wait_replicas(threads: usize) {
     );
     assert_ok(mc.cmd(&["SET", "k", "v3"]), "SET");
     assert_eq!(
-        mc.cmd(&["WAIT", "2", "200"]),
+        mc.cmd(&["WAIT", "2", "2000"]),
         Resp::Integer(1),
-        "WAIT 2 200 with one replica (times out, one replica acknowledged)"
+        "WAIT 2 2000 with one replica (times out, one replica acknowledged)"
     );
     assert_eq!(
         mc.cmd(&["WAIT", "0", "0"]),

@@ -669,6 +669,21 @@ fn lua_sandbox_threads4() {
 // ---------------------------------------------------------------------------
 
 #[track_caller]
+/// Waits until the script `runner` started has run past busy-reply-threshold: until a
+/// PING from `c` is answered BUSY. A fixed sleep could end before a loaded machine had
+/// even started the script.
+fn await_busy(c: &mut Client, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.cmd(&["PING"]);
+        if matches!(&r, Resp::Error(e) if e.starts_with("BUSY ")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: never BUSY, last {r}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn assert_busy(r: &Resp, what: &str) {
     match r {
         Resp::Error(e) if e.starts_with("BUSY ") => {}
@@ -702,8 +717,7 @@ fn busy_script(threads: usize) {
     let mut runner = kite.client();
     runner.set_timeout(Some(Duration::from_secs(20)));
     runner.send(&["EVAL", "while true do end", "0"]);
-    thread::sleep(Duration::from_millis(300));
-    assert_busy(&other.cmd(&["PING"]), "PING while a script loops");
+    await_busy(&mut other, "PING while a script loops");
     // Kite with several shards may serve keys of shards the script does not hold.
     let sharded = !kite_is_redis() && threads > 1;
     let r = other.cmd(&["GET", "x"]);
@@ -727,8 +741,7 @@ fn busy_script(threads: usize) {
 
     // A script that wrote cannot be killed: only SHUTDOWN NOSAVE ends it.
     runner.send(&["EVAL", "redis.call('set', 'x', '1') while true do end", "0"]);
-    thread::sleep(Duration::from_millis(300));
-    assert_busy(&other.cmd(&["PING"]), "PING while a writing script loops");
+    await_busy(&mut other, "PING while a writing script loops");
     let r = other.cmd(&["SCRIPT", "KILL"]);
     assert_err_prefix(&r, "UNKILLABLE");
     // Nobody sees the running script's write.
@@ -775,8 +788,7 @@ fn busy_function(threads: usize) {
     runner.set_timeout(Some(Duration::from_secs(20)));
     for (cmd, name) in [("FCALL", "spin"), ("FCALL_RO", "spin_ro")] {
         runner.send(&[cmd, name, "0"]);
-        thread::sleep(Duration::from_millis(300));
-        assert_busy(&other.cmd(&["PING"]), name);
+        await_busy(&mut other, name);
         if name == "spin_ro" {
             // SCRIPT KILL is for EVAL scripts: Redis answers BUSY (\"You can only call
             // FUNCTION KILL or SHUTDOWN NOSAVE.\") and the function keeps running.
@@ -795,8 +807,7 @@ fn busy_function(threads: usize) {
     assert_err_prefix(&other.cmd(&["FUNCTION", "KILL"]), "NOTBUSY");
 
     runner.send(&["FCALL", "write_spin", "1", "fk"]);
-    thread::sleep(Duration::from_millis(300));
-    assert_busy(&other.cmd(&["PING"]), "write_spin");
+    await_busy(&mut other, "write_spin");
     assert_err_prefix(&other.cmd(&["FUNCTION", "KILL"]), "UNKILLABLE");
     let mut stopper = kite.client();
     stopper.send(&["SHUTDOWN", "NOSAVE"]);
@@ -840,7 +851,7 @@ fn busy_script_holds_only_its_shard_threads4() {
         "1",
         "busy:key",
     ]);
-    thread::sleep(Duration::from_millis(300));
+    await_busy(&mut setup, "the script on busy:key");
 
     // One connection per key, all asked at once, then every reply awaited until a
     // common deadline: a key whose command hangs costs no more than the others.

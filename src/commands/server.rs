@@ -394,16 +394,13 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
         s.push_str("# Keyspace\r\n");
         let dbs = reports.first().map_or(0, |r| r.keyspace.len());
         for db in 0..dbs {
-            let (mut keys, mut expires, mut weighted) = (0u64, 0u64, 0u128);
-            for r in &reports {
-                let (k, e, avg_ttl) = r.keyspace[db];
-                keys += k;
-                expires += e;
-                // Each shard's estimate counts as many times as it has keys to expire.
-                weighted += avg_ttl as u128 * e as u128;
-            }
+            let keys: u64 = reports.iter().map(|r| r.keyspace[db].0).sum();
+            let expires: u64 = reports.iter().map(|r| r.keyspace[db].1).sum();
             if keys > 0 {
-                let avg = weighted.checked_div(expires as u128).unwrap_or(0);
+                let avg = merged_avg_ttl(reports.iter().map(|r| {
+                    let (_, e, avg_ttl) = r.keyspace[db];
+                    (e, avg_ttl)
+                }));
                 let _ = write!(
                     s,
                     "db{}:keys={},expires={},avg_ttl={}\r\n",
@@ -1335,4 +1332,34 @@ fn mailbox_sum(
             .map(|m| counter(m).load(std::sync::atomic::Ordering::Relaxed))
             .sum()
     })
+}
+
+/// One database's `avg_ttl` over the shards, from each shard's (keys with a TTL, its
+/// estimate): each estimate counts as many times as its shard has keys to expire. A
+/// shard whose expiry cycle has not sampled yet says 0, "no estimate", as Redis's does:
+/// counting its keys would pull the average down until it looks (the threads' cycles
+/// run on clocks of their own).
+fn merged_avg_ttl(shards: impl Iterator<Item = (u64, u64)>) -> u64 {
+    let (mut expires, mut weighted) = (0u128, 0u128);
+    for (e, avg_ttl) in shards.filter(|&(_, avg_ttl)| avg_ttl > 0) {
+        expires += e as u128;
+        weighted += avg_ttl as u128 * e as u128;
+    }
+    weighted.checked_div(expires).unwrap_or(0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merged_avg_ttl;
+
+    #[test]
+    fn avg_ttl_ignores_shards_not_yet_sampled() {
+        // Each thread's expiry cycle samples on its own clock: a shard that has not yet
+        // looked reports 0, which says "no estimate", not "expiring now".
+        let shards = [(3000, 1_000_000), (3000, 0), (3000, 998_000), (0, 0)];
+        assert_eq!(merged_avg_ttl(shards.into_iter()), 999_000);
+        assert_eq!(merged_avg_ttl([(5, 0), (0, 0)].into_iter()), 0);
+        assert_eq!(merged_avg_ttl(std::iter::empty()), 0);
+        assert_eq!(merged_avg_ttl([(1, 10), (3, 30)].into_iter()), 25);
+    }
 }
