@@ -668,7 +668,6 @@ fn lua_sandbox_threads4() {
 // 3. Scripts that never end
 // ---------------------------------------------------------------------------
 
-#[track_caller]
 /// Waits until the script `runner` started has run past busy-reply-threshold: until a
 /// PING from `c` is answered BUSY. A fixed sleep could end before a loaded machine had
 /// even started the script.
@@ -684,6 +683,7 @@ fn await_busy(c: &mut Client, what: &str) {
     }
 }
 
+#[track_caller]
 fn assert_busy(r: &Resp, what: &str) {
     match r {
         Resp::Error(e) if e.starts_with("BUSY ") => {}

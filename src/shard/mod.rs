@@ -948,12 +948,7 @@ impl ExecCtx<'_> {
 
     /// The live entry for `key`, or None; updates the access time.
     pub fn get(&mut self, key: &[u8]) -> Option<&mut Entry> {
-        let stamp = (!self.no_touch).then(|| self.shard.stamp(self.now_ms));
-        let e = self.shard.lookup(self.db, key, self.now_ms)?;
-        if let Some(s) = stamp {
-            e.lru = s.apply(e.lru);
-        }
-        Some(e)
+        self.get_and_out(key).0
     }
 
     /// `get` that also hands back the reply buffer, so a reply can be written from the
