@@ -1971,6 +1971,31 @@ fn queue_tracking_max_queues() {
     assert!(m.value("kite_queues_overflow", &[]) >= 2.0);
 }
 
+/// The cap is the server's, however many threads share it: two queues at most with four
+/// threads, where each thread's share of two is less than one queue.
+#[test]
+fn queue_tracking_max_queues_over_more_threads_than_queues() {
+    if skip_kite_only("queue_tracking_max_queues_over_more_threads_than_queues") {
+        return;
+    }
+    let server = KiteServer::start(&["--queue-tracking-max-queues", "2"], 4);
+    let mut c = server.client();
+    let names: Vec<String> = (0..16).map(|i| format!("capq{i}")).collect();
+    for k in &names {
+        assert_eq!(int(&mut c, &["RPUSH", k, "x", "y"]), 2);
+        bulk_reply(&mut c, &["LPOP", k], "x");
+    }
+    let info = info_queues(&mut c);
+    assert_eq!(
+        info.int("queues_tracked"),
+        2,
+        "INFO queues: {:?}",
+        info.fields
+    );
+    assert_eq!(info.int("queues_overflow"), 14, "{:?}", info.fields);
+    assert_eq!(kite_queues(&mut c, None).len(), 2);
+}
+
 // ---------------------------------------------------------------------------
 // 5. HTTP on the RESP port
 // ---------------------------------------------------------------------------

@@ -36,8 +36,16 @@ pub fn configure(worker: &crate::shard::Worker) {
     use std::sync::atomic::Ordering;
     let t = &worker.shared.tunables;
     let enabled = t.queue_tracking.load(Ordering::Relaxed);
-    let cap = t.queue_tracking_max.load(Ordering::Relaxed) / worker.nshards();
+    let max = t.queue_tracking_max.load(Ordering::Relaxed);
+    let cap = thread_share(max, worker.id, worker.nshards());
     worker.shard.borrow_mut().queues.configure(enabled, cap);
+}
+
+/// Thread `id`'s part of a cap of `max` queues over `threads` threads: the parts add up
+/// to `max` exactly, so the server never tracks more than its cap, even where a thread's
+/// part is no queue at all.
+fn thread_share(max: usize, id: usize, threads: usize) -> usize {
+    max / threads + usize::from(id < max % threads)
 }
 
 /// One second of a queue's life: its depth then, and its pushes and pops during it.
@@ -162,7 +170,7 @@ impl QueueTable {
             self.last = None;
         }
         self.enabled = enabled;
-        self.cap = cap.max(1);
+        self.cap = cap;
     }
 
     pub fn len(&self) -> usize {
@@ -377,6 +385,25 @@ impl QueueTable {
             }
             for (i, slot) in self.slab.iter().enumerate() {
                 self.index[slot.db].insert(slot.key.clone(), i as u32);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thread_share;
+
+    #[test]
+    fn thread_shares_add_up_to_the_cap() {
+        for threads in 1..=16 {
+            for max in [0, 1, 2, 3, 7, 1024, 1025] {
+                let parts: Vec<usize> = (0..threads)
+                    .map(|id| thread_share(max, id, threads))
+                    .collect();
+                assert_eq!(parts.iter().sum::<usize>(), max, "{max} over {threads}");
+                let (lo, hi) = (parts.iter().min().unwrap(), parts.iter().max().unwrap());
+                assert!(hi - lo <= 1, "{max} over {threads}: {parts:?}");
             }
         }
     }
