@@ -727,3 +727,64 @@ fn input_behind_a_blocked_pop_is_bounded_by_the_query_buffer_limit() {
         "INFO stats after one blocked client passed the limit: {stats}"
     );
 }
+
+fn bulks(items: &[&str]) -> Resp {
+    Resp::Array(items.iter().map(|s| Resp::bulk(*s)).collect())
+}
+
+/// INFO commandstats' calls, failed_calls and rejected_calls for BLPOP and BRPOP, after
+/// a pop served at once, one that times out, one that blocks and is served, a bad
+/// timeout and a key of the wrong type, on keys of one shard and of two.
+fn blocking_pop_stats(s: &common::ServerProcess) -> Vec<String> {
+    let mut c = s.client();
+    let mut pusher = s.client();
+    let two = common::spread_keys("st", 2);
+    assert_eq!(c.cmd(&["RPUSH", "st-now", "a", "b"]).as_int(), Some(2));
+    assert_eq!(c.cmd(&["BRPOP", "st-now", "1"]), bulks(&["st-now", "b"]));
+    assert_eq!(
+        c.cmd(&["BLPOP", "st-none", "st-now", "1"]),
+        bulks(&["st-now", "a"])
+    );
+    assert!(c.cmd(&["BRPOP", "st-none", "0.05"]).is_null());
+    assert!(c
+        .cmd(&["BLPOP", two[0].as_str(), two[1].as_str(), "0.05"])
+        .is_null());
+    assert_eq!(c.cmd(&["RPUSH", two[1].as_str(), "x"]).as_int(), Some(1));
+    assert_eq!(
+        c.cmd(&["BRPOP", two[0].as_str(), two[1].as_str(), "1"]),
+        bulks(&[two[1].as_str(), "x"])
+    );
+    assert!(c.cmd(&["BRPOP", "st-now", "abc"]).is_error());
+    assert!(c.cmd(&["BLPOP", "st-now", "-1"]).is_error());
+    assert_eq!(c.cmd(&["SET", "st-str", "v"]), Resp::ok());
+    assert!(c.cmd(&["BRPOP", "st-str", "1"]).is_error());
+    let waiter = thread::spawn(move || c.cmd(&["BLPOP", "st-later", "5"]));
+    wait_blocked(&mut pusher, 1);
+    assert_eq!(pusher.cmd(&["RPUSH", "st-later", "y"]).as_int(), Some(1));
+    assert_eq!(waiter.join().unwrap(), bulks(&["st-later", "y"]));
+    ["cmdstat_blpop", "cmdstat_brpop"]
+        .iter()
+        .map(|name| {
+            let line = common::info_field(&mut pusher, "commandstats", name);
+            // usec and usec_per_call depend on timing; the counts must match.
+            let counts: Vec<&str> = line
+                .split(',')
+                .filter(|kv| kv.contains("calls=") && !kv.starts_with("usec"))
+                .collect();
+            format!("{name}: {}", counts.join(","))
+        })
+        .collect()
+}
+
+/// Each BLPOP and BRPOP counts once, whether it was served at once, waited, timed out or
+/// failed, as redis-server counts them (a pop tried on its own thread before it waits is
+/// not a second call).
+#[test]
+fn blocking_pops_count_once_in_commandstats() {
+    let redis = RedisServer::start();
+    let want = blocking_pop_stats(&redis);
+    for threads in [1, 2] {
+        let kite = KiteServer::start(&[], threads);
+        assert_eq!(blocking_pop_stats(&kite), want, "--threads {threads}");
+    }
+}

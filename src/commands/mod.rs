@@ -731,12 +731,31 @@ async fn served_at_once(sess: &mut Session, cmd: &'static Command, args: &[Bytes
     }
     let mark = sess.out.buf.len();
     run_handler(sess, cmd, args.to_vec()).await;
-    let written = &sess.out.buf[mark..];
-    if written == b"*-1\r\n" || written == b"$-1\r\n" || written == b"_\r\n" {
+    if found_nothing(&sess.out.buf[mark..]) {
         sess.out.buf.truncate(mark);
         return Some(false);
     }
     Some(true)
+}
+
+/// Whether a blocking command's non-blocking form, having written `reply`, found nothing
+/// to take (a null of either protocol), so that the call must wait.
+pub fn found_nothing(reply: &[u8]) -> bool {
+    reply == b"*-1\r\n" || reply == b"$-1\r\n" || reply == b"_\r\n"
+}
+
+/// Waits for a blocking command (not a stream read) whose first try, already counted,
+/// found nothing: what `run` does after `served_at_once`, for a caller that made the try
+/// itself (`server::dispatch`, for a pop on its own thread's shard).
+pub async fn wait_after_try(sess: &mut Session, cmd: &'static Command, args: &[Bytes]) {
+    let call = cmd.block.expect("a blocking command");
+    match call(args) {
+        Ok(Some(call)) => crate::blocking::run_blocking(sess, call, args).await,
+        // The try checked the arguments the way `call` does: unreachable in practice,
+        // answered rather than dropped.
+        Ok(None) => sess.out.null_array(),
+        Err(e) => sess.out.error(&e),
+    }
 }
 
 /// Runs a command's handler on the right thread (never blocking).

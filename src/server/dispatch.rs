@@ -53,8 +53,20 @@ fn plain_target(
     memo: &mut Option<Route>,
 ) -> Option<usize> {
     let cmd = cmd?;
+    if cmd.has(flags::BLOCKING) || cmd.block.is_some() || !execute_would_pass(sess, cmd, args) {
+        return None;
+    }
+    match *memo.get_or_insert_with(|| route(sess, cmd, args)) {
+        Route::Shard(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// True when none of `execute`'s checks could refuse `cmd` or change what it does, for
+/// the session as it is now.
+fn execute_would_pass(sess: &Session, cmd: &'static Command, args: &[Bytes]) -> bool {
     let shared = &sess.worker.shared;
-    if sess.multi.is_some()
+    !(sess.multi.is_some()
         || sess.tracking
         || sess.reply_mode != ReplyMode::On
         || !sess.authenticated
@@ -69,8 +81,6 @@ fn plain_target(
         // `execute` evicts first, or refuses what may grow memory.
         || shared.over_maxmemory()
         || !cmd.arity_ok(args.len())
-        || cmd.has(flags::BLOCKING)
-        || cmd.block.is_some()
         || !cmd.subcommands.is_empty()
         || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
         || !squash_allowed_by_gate(sess, cmd)
@@ -80,14 +90,34 @@ fn plain_target(
                 crate::cluster::redirect::check(c, sess, cmd, args),
                 crate::cluster::redirect::Check::Serve
             )
-        })
+        }))
+}
+
+/// A BLPOP or BRPOP that `execute` would pass, with every key on this thread's shard: it
+/// is tried inline as a plain command is, and waits only when it found nothing (a worker
+/// draining a queue finds a job on nearly every call). Each step in `execute`, `run` and
+/// `run_handler` is a future made and dropped per call: about 1 300 instructions of a
+/// drained job's 8 800.
+fn blocking_pop_here(
+    sess: &Session,
+    cmd: Option<&'static Command>,
+    args: &[Bytes],
+    memo: &mut Option<Route>,
+) -> Option<&'static Command> {
+    let cmd = cmd?;
+    if !matches!(cmd.name, "blpop" | "brpop")
+        // Inside EXEC and while replaying the AOF, a blocking command never waits.
+        || sess.in_exec
+        || sess.replaying
+        || !execute_would_pass(sess, cmd, args)
     {
         return None;
     }
-    match *memo.get_or_insert_with(|| route(sess, cmd, args)) {
-        Route::Shard(s) => Some(s),
-        _ => None,
-    }
+    let here = matches!(
+        *memo.get_or_insert_with(|| route(sess, cmd, args)),
+        Route::Shard(s) if s == sess.worker.id
+    );
+    here.then_some(cmd)
 }
 
 /// A squashed batch skips `execute`'s checks, so it is only formed when none could refuse
@@ -205,6 +235,27 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
                     return;
                 }
                 continue;
+            }
+        }
+        if plain.is_none() {
+            if let Some(c) = blocking_pop_here(sess, cmd, &args, &mut memo) {
+                let f = c.exec_fn().expect("blocking pops run on a shard");
+                let mark = sess.out.buf.len();
+                if commands::run_here_if_free(sess, c, f, &args).is_some() {
+                    sess.note_command(c, &args);
+                    note_affinity(sess, sess.worker.id, 1);
+                    sess.asking = false;
+                    if commands::found_nothing(&sess.out.buf[mark..]) {
+                        // The try was counted (`exec_here`); the wait is not a second call.
+                        sess.out.buf.truncate(mark);
+                        commands::wait_after_try(sess, c, &args).await;
+                    }
+                    if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
+                        sess.handle.kill();
+                        return;
+                    }
+                    continue;
+                }
             }
         }
         if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
