@@ -147,7 +147,7 @@ pub fn classify(key: &[u8], prefixes: &[Vec<u8>]) -> Option<Class> {
 /// every pair of bytes (which was most of a miss's cost).
 fn kombu_separator(key: &[u8]) -> Option<usize> {
     let mut from = 0;
-    while let Some(i) = find_byte(&key[from..], KOMBU_SEP[0]) {
+    while let Some(i) = crate::types::key::find_byte(&key[from..], KOMBU_SEP[0]) {
         let at = from + i;
         if key.get(at + 1) == Some(&KOMBU_SEP[1]) {
             return (at > 0).then_some(at);
@@ -155,31 +155,6 @@ fn kombu_separator(key: &[u8]) -> Option<usize> {
         from = at + 1;
     }
     None
-}
-
-/// The first place of `byte` in `hay`, eight bytes a step: a key of no layout is
-/// searched whole on every push and pop.
-fn find_byte(hay: &[u8], byte: u8) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    let pattern = ONES * byte as u64;
-    let mut chunks = hay.chunks_exact(8);
-    let mut at = 0;
-    for chunk in &mut chunks {
-        let x = u64::from_le_bytes(chunk.try_into().expect("8 bytes")) ^ pattern;
-        // The lowest flagged byte is the first zero byte of `x` (a borrow can flag only
-        // bytes above a true zero); little-endian puts the first byte lowest.
-        let zeros = x.wrapping_sub(ONES) & !x & HIGHS;
-        if zeros != 0 {
-            return Some(at + zeros.trailing_zeros() as usize / 8);
-        }
-        at += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| b == byte)
-        .map(|i| at + i)
 }
 
 /// The keys whose lengths are a framework queue's jobs by state, for the queue named
@@ -310,27 +285,6 @@ mod tests {
             assert_eq!(classify(key, &p).map(|c| c.row_len), row, "{key:?}");
         }
         assert_eq!(classify(b"", &p), None);
-    }
-
-    #[test]
-    fn find_byte_finds_the_first() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..20_000 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let len = (rng % 40) as usize;
-            let hay: Vec<u8> = (0..len)
-                .map(|i| [0x06, 0x05, 0x07, 0x86, 0x00, b'a'][((rng >> (i % 60)) % 6) as usize])
-                .collect();
-            for b in [0x06, 0x00, 0x86, b'a'] {
-                assert_eq!(
-                    find_byte(&hay, b),
-                    hay.iter().position(|&x| x == b),
-                    "{hay:?} {b}"
-                );
-            }
-        }
     }
 
     #[test]

@@ -23,29 +23,11 @@ pub fn hashtag(key: &[u8]) -> &[u8] {
     key
 }
 
-/// The first `{` in `key`. Every keyed command on more than one thread looks for one, and
-/// most keys have none: eight bytes are tested at a time (a zero byte of `word ^ braces`
-/// marks a match; the lowest flagged byte is always a true one).
+/// The first `{` in `key`: every keyed command on more than one thread looks for one,
+/// and most keys have none.
 #[inline]
 fn find_open_brace(key: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let braces = ONES * b'{' as u64;
-    let mut chunks = key.chunks_exact(8);
-    let mut at = 0;
-    for chunk in &mut chunks {
-        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes")) ^ braces;
-        let flagged = word.wrapping_sub(ONES) & !word & HIGHS;
-        if flagged != 0 {
-            return Some(at + flagged.trailing_zeros() as usize / 8);
-        }
-        at += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| b == b'{')
-        .map(|i| at + i)
+    crate::types::key::find_byte(key, b'{')
 }
 
 /// The Redis Cluster slot of a key.
