@@ -1339,6 +1339,29 @@ fn eviction_reaches_replica_as_del_threads4() {
     replica_sees_eviction(4);
 }
 
+/// A blocking pop's wait is taken off its own time, not the next command's: after a
+/// BLPOP that waited 0.4 s and timed out on the connection's own shard, a DEBUG SLEEP of
+/// 0.3 s still counts its 0.3 s in INFO commandstats, as on redis-server.
+#[test]
+fn a_wait_is_not_taken_off_the_next_command() {
+    for threads in [1, 2] {
+        let server = KiteServer::start(&[], threads);
+        let mut c = server.client();
+        assert!(c.cmd(&["BLPOP", "nothing-here", "0.4"]).is_null());
+        ok(&mut c, &["DEBUG", "SLEEP", "0.3"]);
+        let stats = info_field(&mut c, "commandstats", "cmdstat_debug");
+        let usec: i64 = stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("usec="))
+            .and_then(|v| v.parse().ok())
+            .expect("usec in cmdstat_debug");
+        assert!(
+            usec >= 290_000,
+            "--threads {threads}: DEBUG SLEEP 0.3 counted {usec} µs: {stats}"
+        );
+    }
+}
+
 /// A blocking command's time spent waiting is not execution time: it neither lands in the
 /// slow log nor in INFO commandstats' usec (Redis 7 counts only the time it ran).
 #[test]

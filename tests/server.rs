@@ -8,7 +8,7 @@ use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{info_field, Client, KiteServer, Resp};
+use common::{info_field, Client, KiteServer, RedisServer, Resp};
 
 fn info_int(c: &mut Client, section: &str, field: &str) -> i64 {
     info_field(c, section, field)
@@ -372,6 +372,40 @@ fn monitor_streams_commands_of_every_thread() {
                 .any(|l| l.contains(&format!("\"mon{i}\" \"v\""))),
             "{seen:?}"
         );
+    }
+}
+
+/// A slow-log entry names the client that sent the command (its address and name), as
+/// redis-server's does, also for a command run inline on the connection's own thread.
+#[test]
+fn slowlog_names_the_client() {
+    let redis = RedisServer::start();
+    let kite = KiteServer::start(&[], 1);
+    for (who, server) in [("redis-server", &*redis), ("kite", &*kite)] {
+        let mut c = server.client();
+        assert_eq!(c.cmd(&["CLIENT", "SETNAME", "slowpoke"]), Resp::ok());
+        assert_eq!(
+            c.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+            Resp::ok()
+        );
+        assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), Resp::ok());
+        assert_eq!(c.cmd(&["SET", "slow-key", "v"]), Resp::ok());
+        let info = c.cmd(&["CLIENT", "INFO"]);
+        let info = info.as_string().unwrap();
+        let addr = info
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix("addr="))
+            .expect("addr in CLIENT INFO");
+        let entries = c.cmd(&["SLOWLOG", "GET", "-1"]);
+        let set = entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_array().unwrap().to_vec())
+            .find(|e| e[3].as_array().unwrap()[0] == Resp::bulk("SET"))
+            .unwrap_or_else(|| panic!("{who}: no SET in {entries}"));
+        assert_eq!(set[4], Resp::bulk(addr), "{who}: {entries}");
+        assert_eq!(set[5], Resp::bulk("slowpoke"), "{who}: {entries}");
     }
 }
 

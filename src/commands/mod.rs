@@ -36,7 +36,7 @@ use hashbrown::HashMap;
 
 use crate::server::session::Session;
 use crate::shard::tx::Tx;
-use crate::shard::{exec_here, run_batch_on, ExecCtx};
+use crate::shard::{exec_here_for, run_batch_on, ExecCtx};
 
 pub type LocalBoxFuture<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
 
@@ -710,7 +710,11 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, mut args: Vec<Bytes>
                 Ok(None) => return run_handler(sess, cmd, args).await,
                 Err(e) => sess.out.error(&e),
             }
-            if !counted {
+            if counted {
+                // The wait is nobody's run time; left here, `record_here` would take it off
+                // the connection's next command.
+                sess.blocked_us = 0;
+            } else {
                 let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
                 sess.record_here(cmd, kept.as_deref().unwrap_or(&args), start, mark);
             }
@@ -756,6 +760,8 @@ pub async fn wait_after_try(sess: &mut Session, cmd: &'static Command, args: &[B
         Ok(None) => sess.out.null_array(),
         Err(e) => sess.out.error(&e),
     }
+    // As in `run`: the counted try leaves no record for the wait to come off.
+    sess.blocked_us = 0;
 }
 
 /// Runs a command's handler on the right thread (never blocking).
@@ -859,7 +865,8 @@ pub fn run_here_if_free(
         }
         shard.stats.inline += 1;
         shard.current = reader;
-        exec_here(
+        let handle = &sess.handle;
+        exec_here_for(
             &mut shard,
             cmd,
             f,
@@ -867,6 +874,10 @@ pub fn run_here_if_free(
             sess.db,
             &mut sess.out,
             sess.no_touch,
+            &|| {
+                let info = handle.info.borrow();
+                (info.addr.clone(), info.name.clone())
+            },
         );
         shard.current = None;
         shard.blocking.has_ready() || !shard.events.is_empty() || shard.tracking.has_pending()

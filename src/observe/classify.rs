@@ -143,8 +143,9 @@ pub fn classify(key: &[u8], prefixes: &[Vec<u8>]) -> Option<Class> {
 }
 
 /// Where Kombu's priority separator first appears, when a queue name comes before it.
-/// Every push and pop of a key of no layout ends here: a byte search, not a compare of
-/// every pair of bytes (which was most of a miss's cost).
+/// Every push to an untracked key of no layout, and every pop of one past the table's
+/// cap, ends here: a byte search, not a compare of every pair of bytes (which was most
+/// of such a call's cost).
 fn kombu_separator(key: &[u8]) -> Option<usize> {
     let mut from = 0;
     while let Some(i) = crate::types::key::find_byte(&key[from..], KOMBU_SEP[0]) {

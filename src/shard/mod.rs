@@ -1178,7 +1178,6 @@ impl WatchCheck {
 }
 
 /// Runs one command on this shard without any lock check and records its counters.
-#[allow(clippy::too_many_arguments)]
 pub fn exec_here(
     shard: &mut Shard,
     cmd: &'static Command,
@@ -1187,6 +1186,24 @@ pub fn exec_here(
     db: usize,
     out: &mut Reply,
     no_touch: bool,
+) {
+    exec_here_for(shard, cmd, f, args, db, out, no_touch, &|| {
+        (String::new(), Vec::new())
+    });
+}
+
+/// `exec_here` for a command whose client is known here: `client` gives its address and
+/// name for a slow-log entry (asked only when the command was slow).
+#[allow(clippy::too_many_arguments)]
+pub fn exec_here_for(
+    shard: &mut Shard,
+    cmd: &'static Command,
+    f: ExecFn,
+    args: &[Bytes],
+    db: usize,
+    out: &mut Reply,
+    no_touch: bool,
+    client: &dyn Fn() -> (String, Vec<u8>),
 ) {
     let start_len = out.buf.len();
     let started = crate::clock::Stopwatch::start();
@@ -1223,7 +1240,7 @@ pub fn exec_here(
         log_command_effect(shard, cmd, args, db, effect, now_ms, &out.buf[start_len..]);
     }
     let usec = started.elapsed_us();
-    shard.log_if_slow(cmd, args, usec, || (String::new(), Vec::new()));
+    shard.log_if_slow(cmd, args, usec, client);
     let st = &mut shard.stats;
     st.total_commands += 1;
     let c = &mut st.commands[cmd.id];
