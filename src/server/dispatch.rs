@@ -221,9 +221,16 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             sess.wrote_since_wait = true;
         }
         let plain = plain_target(sess, cmd, &args, &mut memo);
-        if plain == Some(sess.worker.id) {
-            let c = cmd.expect("plain commands are known");
-            let f = c.exec_fn().expect("plain commands run on a shard");
+        // A plain command for this thread's shard, or a blocking pop that may be served
+        // at once, runs inline.
+        let inline = match plain {
+            Some(t) if t == sess.worker.id => cmd,
+            None => blocking_pop_here(sess, cmd, &args, &mut memo),
+            Some(_) => None,
+        };
+        if let Some(c) = inline {
+            let f = c.exec_fn().expect("inline commands run on a shard");
+            let mark = sess.out.buf.len();
             if let Some(moves) = commands::run_here_if_free(sess, c, f, &args) {
                 sess.note_command(c, &args);
                 note_affinity(sess, sess.worker.id, 1);
@@ -231,37 +238,16 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
                 if !moves.is_empty() {
                     crate::shard::settle(moves).await;
                 }
+                if c.block.is_some() && commands::found_nothing(&sess.out.buf[mark..]) {
+                    // The try was counted (`exec_here`); the wait is not a second call.
+                    sess.out.buf.truncate(mark);
+                    commands::wait_after_try(sess, c, &args).await;
+                }
                 if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
                     sess.handle.kill();
                     return;
                 }
                 continue;
-            }
-        }
-        if plain.is_none() {
-            if let Some(c) = blocking_pop_here(sess, cmd, &args, &mut memo) {
-                let f = c.exec_fn().expect("blocking pops run on a shard");
-                let mark = sess.out.buf.len();
-                if let Some(moves) = commands::run_here_if_free(sess, c, f, &args) {
-                    sess.note_command(c, &args);
-                    note_affinity(sess, sess.worker.id, 1);
-                    sess.asking = false;
-                    // A pop sets off no blocked move today; settled all the same, as the
-                    // plain path does, so the reply's order never rests on that.
-                    if !moves.is_empty() {
-                        crate::shard::settle(moves).await;
-                    }
-                    if commands::found_nothing(&sess.out.buf[mark..]) {
-                        // The try was counted (`exec_here`); the wait is not a second call.
-                        sess.out.buf.truncate(mark);
-                        commands::wait_after_try(sess, c, &args).await;
-                    }
-                    if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
-                        sess.handle.kill();
-                        return;
-                    }
-                    continue;
-                }
             }
         }
         if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
