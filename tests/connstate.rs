@@ -1403,3 +1403,69 @@ fn blocked_time_is_not_execution_time() {
         "BLPOP's 0.4 s wait counted as run time: {stats}"
     );
 }
+
+/// Commands in one pipeline that change what the next may do (CLIENT REPLY, MULTI,
+/// SUBSCRIBE, an ACL change) take effect at the very next command, as in Redis, though
+/// Kite looks at the connection's state once for a run of plain commands. The whole
+/// pipeline is one write, so it is parsed and run as one group. Errors are compared by
+/// their code: 7.0's texts differ from 7.2's.
+#[test]
+fn state_changes_inside_one_pipeline_match_redis() {
+    let script: &[&[&str]] = &[
+        &["SET", "k1", "a"],
+        &["CLIENT", "REPLY", "OFF"],
+        &["SET", "k2", "b"],
+        &["GET", "k1"],
+        &["CLIENT", "REPLY", "ON"],
+        &["GET", "k2"],
+        &["MULTI"],
+        &["SET", "k3", "c"],
+        &["GET", "k3"],
+        &["EXEC"],
+        &["GET", "k3"],
+        &["CLIENT", "REPLY", "SKIP"],
+        &["GET", "k1"],
+        &["GET", "k2"],
+        &["SUBSCRIBE", "ch"],
+        &["GET", "k1"],
+        &["SET", "k4", "d"],
+        &["UNSUBSCRIBE"],
+        &["GET", "k1"],
+        &["ACL", "SETUSER", "default", "-get"],
+        &["GET", "k1"],
+        &["SET", "k5", "e"],
+        &["ACL", "SETUSER", "default", "+get"],
+        &["GET", "k5"],
+        &["GET", "k4"],
+        &["ECHO", "end"],
+    ];
+    let mut raw = Vec::new();
+    for cmd in script {
+        raw.extend_from_slice(&common::encode_command(cmd));
+    }
+    let run = |port: u16| -> Vec<Resp> {
+        let mut c = Client::connect(port);
+        c.set_timeout(Some(Duration::from_secs(10)));
+        c.send_raw(&raw);
+        let mut replies = Vec::new();
+        loop {
+            let r = c.try_read().expect("a reply within 10 s");
+            let end = r == bulk("end");
+            // An error's code only: 7.0 words several differently from 7.2.
+            replies.push(match r.error_text() {
+                Some(e) => Resp::Error(e.split(' ').next().unwrap_or("").to_string()),
+                None => r,
+            });
+            if end {
+                return replies;
+            }
+        }
+    };
+    let redis = common::RedisServer::start();
+    let expected = run(redis.port);
+    assert_eq!(expected.len(), 21, "redis-server answered {expected:?}");
+    for threads in [1, 2] {
+        let kite = KiteServer::start(&[], threads);
+        assert_eq!(run(kite.port), expected, "--threads {threads}");
+    }
+}

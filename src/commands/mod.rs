@@ -225,64 +225,127 @@ pub struct CommandTable {
 
 static TABLE: OnceLock<CommandTable> = OnceLock::new();
 
-/// Command names to table positions: open addressing over a hash of the name's bytes with
-/// ASCII case folded, sized to a quarter full, so a lookup hashes a few bytes and compares
-/// one name (every request does one; a string map with a lower-cased copy and a UTF-8
-/// check cost several times that).
+/// Command names to table positions by a perfect hash: a name of up to 24 bytes is packed,
+/// ASCII case folded, into three words, and a multiply-shift of them (with a multiplier
+/// searched for at start-up so that no two commands share a slot) picks the one slot to
+/// look at; the name is then checked by comparing three words. Every request does one
+/// lookup, so it costs no probe loop and no byte-by-byte compare.
 struct NameIndex {
     slots: Vec<u16>,
-    mask: usize,
+    /// Each command's name packed as `pack` packs a request's, by command id.
+    packed: Vec<[u64; 3]>,
+    multiplier: u64,
+    shift: u32,
+}
+
+/// Longest command name the index can hold (Redis's longest is 20 bytes): the last of
+/// the 24 bytes holds the length.
+const NAME_MAX: usize = 23;
+
+/// Each ASCII capital of the eight bytes made small, every other byte left as it is.
+#[inline]
+fn ascii_lowercase_word(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let low7 = w & (0x7f * ONES);
+    // A byte's top bit after each sum: its low seven bits are at least 'A', past 'Z'.
+    let from_a = low7 + (0x80 - u64::from(b'A')) * ONES;
+    let past_z = low7 + (0x80 - u64::from(b'Z') - 1) * ONES;
+    // Capitals only among bytes whose own top bit is clear.
+    let capitals = from_a & !past_z & !w & (0x80 * ONES);
+    w | (capitals >> 2)
 }
 
 impl NameIndex {
-    fn hash(name: &[u8]) -> usize {
-        let mut h: u32 = 0x811c_9dc5;
-        for &b in name {
-            h = (h ^ (b | 0x20) as u32).wrapping_mul(0x0100_0193);
-        }
-        h as usize
+    /// The name's bytes, ASCII case folded, little-endian in three words, zero past the
+    /// end, and its length in the last byte (so "get" and "get\0" differ). Built from a
+    /// few overlapping loads rather than byte by byte: a name is packed per request.
+    #[inline]
+    fn pack(name: &[u8]) -> Option<[u64; 3]> {
+        let len = name.len();
+        let word = |at: usize| u64::from_le_bytes(name[at..at + 8].try_into().expect("8 bytes"));
+        let fold = ascii_lowercase_word;
+        let mut words = match len {
+            1..=3 => {
+                let b = |i: usize| u64::from(name[i]) << (i * 8);
+                [fold(b(0) | b(len / 2) | b(len - 1)), 0, 0]
+            }
+            4..=8 => {
+                let half = |at: usize| {
+                    u64::from(u32::from_le_bytes(
+                        name[at..at + 4].try_into().expect("4 bytes"),
+                    ))
+                };
+                [fold(half(0) | half(len - 4) << ((len - 4) * 8)), 0, 0]
+            }
+            9..=16 => [fold(word(0)), fold(word(len - 8) >> ((16 - len) * 8)), 0],
+            17..=NAME_MAX => [
+                fold(word(0)),
+                fold(word(8)),
+                fold(word(len - 8) >> ((24 - len) * 8)),
+            ],
+            _ => return None,
+        };
+        words[2] |= (len as u64) << 56;
+        Some(words)
+    }
+
+    #[inline]
+    fn slot(words: &[u64; 3], multiplier: u64, shift: u32) -> usize {
+        let mixed = words[0] ^ words[1].rotate_left(21) ^ words[2].rotate_left(42);
+        (mixed.wrapping_mul(multiplier) >> shift) as usize
     }
 
     fn new(commands: &[Command]) -> NameIndex {
-        let size = (commands.len() * 4).next_power_of_two();
-        let mut slots = vec![u16::MAX; size];
-        let mask = size - 1;
-        for c in commands {
-            assert!(
-                !c.name.bytes().any(|b| b.is_ascii_uppercase()),
-                "command names are lowercase: {}",
-                c.name
-            );
-            let mut i = Self::hash(c.name.as_bytes()) & mask;
-            while slots[i] != u16::MAX {
-                i = (i + 1) & mask;
+        let packed: Vec<[u64; 3]> = commands
+            .iter()
+            .map(|c| {
+                assert!(
+                    !c.name.bytes().any(|b| b.is_ascii_uppercase()),
+                    "command names are lowercase: {}",
+                    c.name
+                );
+                Self::pack(c.name.as_bytes()).expect("command names fit the index")
+            })
+            .collect();
+        // A table 32 times the commands finds a multiplier in a few dozen tries; a
+        // bigger one is taken only if none was found.
+        let mut bits = (commands.len() * 32).next_power_of_two().trailing_zeros();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        loop {
+            let shift = 64 - bits;
+            for _ in 0..1000 {
+                // splitmix64's step, made odd: a multiplier for multiply-shift.
+                seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = seed;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                let multiplier = (z ^ (z >> 31)) | 1;
+                let mut slots = vec![u16::MAX; 1 << bits];
+                let placed = packed.iter().enumerate().all(|(id, words)| {
+                    let slot = &mut slots[Self::slot(words, multiplier, shift)];
+                    let free = *slot == u16::MAX;
+                    *slot = id as u16;
+                    free
+                });
+                if placed {
+                    return NameIndex {
+                        slots,
+                        packed,
+                        multiplier,
+                        shift,
+                    };
+                }
             }
-            slots[i] = c.id as u16;
+            bits += 1;
+            assert!(bits <= 20, "no perfect hash for the command names");
         }
-        NameIndex { slots, mask }
     }
 
     #[inline]
     fn find<'a>(&self, commands: &'a [Command], name: &[u8]) -> Option<&'a Command> {
-        let mut i = Self::hash(name) & self.mask;
-        loop {
-            let id = self.slots[i];
-            if id == u16::MAX {
-                return None;
-            }
-            let c = &commands[id as usize];
-            // Table names are lowercase (checked in `new`): only the request's side is
-            // folded.
-            if c.name.len() == name.len()
-                && name
-                    .iter()
-                    .zip(c.name.as_bytes())
-                    .all(|(x, t)| x.to_ascii_lowercase() == *t)
-            {
-                return Some(c);
-            }
-            i = (i + 1) & self.mask;
-        }
+        let words = Self::pack(name)?;
+        let id = self.slots[Self::slot(&words, self.multiplier, self.shift)];
+        (self.packed.get(id as usize) == Some(&words)).then(|| &commands[id as usize])
     }
 }
 
@@ -961,4 +1024,100 @@ macro_rules! cross_handler {
             Box::pin(async move { $body })
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+
+    /// Every command is found by its name in any case, and nothing else is: no prefix,
+    /// no name with a byte more (a zero byte among them), no folding past ASCII.
+    #[test]
+    fn lookup_finds_each_command_and_nothing_else() {
+        let t = table();
+        for c in &t.commands {
+            let name = c.name.as_bytes();
+            let upper = name.to_ascii_uppercase();
+            let mixed: Vec<u8> = name
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    if i % 2 == 0 {
+                        b.to_ascii_uppercase()
+                    } else {
+                        *b
+                    }
+                })
+                .collect();
+            for n in [name, &upper[..], &mixed[..]] {
+                assert_eq!(t.lookup(n).map(|f| f.id), Some(c.id), "{}", c.name);
+            }
+            let mut longer = name.to_vec();
+            longer.push(0);
+            assert!(t.lookup(&longer).is_none(), "{}\\0", c.name);
+            longer.pop();
+            longer.push(b'x');
+            assert!(t
+                .lookup(&longer)
+                .is_none_or(|f| f.name.as_bytes() == &longer[..]));
+            if name.len() > 1 {
+                let prefix = &name[..name.len() - 1];
+                assert!(t.lookup(prefix).is_none_or(|f| f.name.as_bytes() == prefix));
+            }
+            // A byte with the high bit set is not an ASCII letter in either case.
+            let mut high = name.to_vec();
+            high[0] |= 0x80;
+            assert!(t.lookup(&high).is_none(), "{:?}", high);
+        }
+        assert!(t.lookup(b"").is_none());
+        assert!(t.lookup(&[b'a'; 24]).is_none());
+        assert!(t.lookup(&[b'a'; 300]).is_none());
+        assert!(t.lookup(b"get\0").is_none());
+        assert!(t.lookup(b"ge").is_none());
+        assert!(t.lookup(b"G\xc5T").is_none());
+        assert_eq!(t.lookup(b"GeT").map(|c| c.name), Some("get"));
+        assert_eq!(
+            t.lookup(b"GEORADIUSBYMEMBER_RO").map(|c| c.name),
+            Some("georadiusbymember_ro")
+        );
+    }
+
+    /// The word-at-a-time case folding agrees with the byte-at-a-time one for every byte
+    /// at every position.
+    #[test]
+    fn word_lowercase_matches_bytes() {
+        for b in 0..=255u8 {
+            for at in 0..8 {
+                let mut bytes = [b'Q', 0, b'z', 0x80, b'@', b'[', b'`', b'{'];
+                bytes[at] = b;
+                let folded = super::ascii_lowercase_word(u64::from_le_bytes(bytes));
+                assert_eq!(folded.to_le_bytes(), bytes.map(|c| c.to_ascii_lowercase()));
+            }
+        }
+    }
+
+    /// Packing by overlapping loads gives the name's bytes in order, zero past the end,
+    /// for every length.
+    #[test]
+    fn pack_lays_out_every_length() {
+        let name: Vec<u8> = (1..=30u8).map(|i| b'A' + i % 26).collect();
+        for len in 0..=30 {
+            let packed = super::NameIndex::pack(&name[..len]);
+            if len == 0 || len > super::NAME_MAX {
+                assert!(packed.is_none(), "{len}");
+                continue;
+            }
+            let mut expected = [0u8; 24];
+            for (i, b) in name[..len].iter().enumerate() {
+                expected[i] = b.to_ascii_lowercase();
+            }
+            expected[23] = len as u8;
+            let words = packed.unwrap();
+            let mut got = [0u8; 24];
+            for (i, w) in words.iter().enumerate() {
+                got[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+            }
+            assert_eq!(got, expected, "{len}");
+        }
+    }
 }

@@ -318,7 +318,7 @@ async fn conn_loop(
             }
             // Whole requests leave the buffer together; the parser reads what follows.
             let room = MAX_GROUP - cmds.len();
-            parser.whole_commands(rbuf, &limits, &mut cmds, room);
+            parser.whole_commands(rbuf, &limits, &mut cmds, room, &mut sess.spare_args);
             if cmds.len() == MAX_GROUP {
                 break;
             }

@@ -124,6 +124,36 @@ impl std::error::Error for ProtocolError {}
 /// Between calls that return `Ok(None)` the caller may only append to the
 /// buffer (read more bytes into it); it must not drop or change bytes already
 /// in it.
+/// Emptied argument vectors of commands already run, kept for the next requests, so that
+/// a request's vector is neither allocated nor freed on the common path
+/// (`RequestParser::whole_commands` takes from here, the dispatcher gives back).
+#[derive(Debug, Default)]
+pub struct SpareArgs(Vec<Vec<Bytes>>);
+
+impl SpareArgs {
+    /// A deep pipeline's worth; more would only hold memory.
+    const KEEP: usize = 64;
+    /// A vector grown by a long request (MSET, a big HSET) is not kept.
+    const MAX_CAPACITY: usize = 16;
+
+    pub fn give(&mut self, mut args: Vec<Bytes>) {
+        if self.0.len() < Self::KEEP && args.capacity() <= Self::MAX_CAPACITY {
+            args.clear();
+            self.0.push(args);
+        }
+    }
+
+    fn take(&mut self, count: usize) -> Vec<Bytes> {
+        match self.0.pop() {
+            Some(mut args) => {
+                args.reserve(count);
+                args
+            }
+            None => Vec::with_capacity(count),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct RequestParser {
     /// Arguments of the multibulk in progress that are already complete.
@@ -195,6 +225,7 @@ impl RequestParser {
         limits: &ParseLimits,
         out: &mut Vec<Vec<Bytes>>,
         room: usize,
+        spare: &mut SpareArgs,
     ) -> usize {
         #[cfg(test)]
         if self.slow_only {
@@ -247,7 +278,7 @@ impl RequestParser {
             out.reserve(taken);
             let mut next = 0;
             for &count in &counts {
-                let mut args = Vec::with_capacity(count);
+                let mut args = spare.take(count);
                 for &(start, end) in &spans[next..next + count] {
                     args.push(frame.slice(start..end));
                 }
@@ -907,11 +938,12 @@ mod tests {
         let mut parser = RequestParser::new();
         let mut buf = BytesMut::new();
         let mut cmds = Vec::new();
+        let mut spare = SpareArgs::default();
         for chunk in chunks {
             buf.extend_from_slice(chunk);
             loop {
                 let before = cmds.len();
-                let taken = parser.whole_commands(&mut buf, limits, &mut cmds, room);
+                let taken = parser.whole_commands(&mut buf, limits, &mut cmds, room, &mut spare);
                 assert_eq!(cmds.len(), before + taken);
                 assert!(taken <= room);
                 match parser.next_command(&mut buf, limits) {
@@ -1710,13 +1742,31 @@ mod tests {
             BytesMut::from(&b"*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1"[..]);
         let mut out = Vec::new();
         let mut parser = RequestParser::new();
-        assert_eq!(parser.whole_commands(&mut group, &limits(), &mut out, 8), 2);
+        let mut spare = SpareArgs::default();
+        assert_eq!(
+            parser.whole_commands(&mut group, &limits(), &mut out, 8, &mut spare),
+            2
+        );
         assert_eq!(out, vec![b(&[b"PING"]), b(&[b"GET", b"k"])]);
         assert_eq!(&group[..], b"*1");
+        // A vector given back is reused: it holds only the new request's arguments.
+        spare.give(out.pop().unwrap());
+        spare.give(out.pop().unwrap());
+        let mut again = BytesMut::from(&b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n"[..]);
+        assert_eq!(
+            parser.whole_commands(&mut again, &limits(), &mut out, 8, &mut spare),
+            1
+        );
+        assert_eq!(out, vec![b(&[b"SET", b"k", b"v"])]);
+        assert_eq!(spare.0.len(), 1);
+        out.clear();
         // Nothing is taken for a client that has yet to authenticate.
         let mut group = BytesMut::from(&b"*1\r\n$4\r\nPING\r\n"[..]);
         parser.set_auth_required(true);
-        assert_eq!(parser.whole_commands(&mut group, &limits(), &mut out, 8), 0);
+        assert_eq!(
+            parser.whole_commands(&mut group, &limits(), &mut out, 8, &mut spare),
+            0
+        );
         assert_eq!(group.len(), 14);
         // A count no buffer this size could hold goes to the incremental parser.
         let mut huge = BytesMut::from(&b"*1000000\r\n$1\r\na\r\n"[..]);

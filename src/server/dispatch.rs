@@ -52,9 +52,13 @@ fn plain_target(
     cmd: Option<&'static Command>,
     args: &[Bytes],
     memo: &mut Option<Route>,
+    session: &mut SessionPasses,
 ) -> Option<usize> {
     let cmd = cmd?;
-    if cmd.has(flags::BLOCKING) || cmd.block.is_some() || !execute_would_pass(sess, cmd, args) {
+    if cmd.has(flags::BLOCKING)
+        || cmd.block.is_some()
+        || !execute_would_pass(sess, cmd, args, session)
+    {
         return None;
     }
     match *memo.get_or_insert_with(|| route(sess, cmd, args)) {
@@ -63,9 +67,16 @@ fn plain_target(
     }
 }
 
-/// True when none of `execute`'s checks could refuse `cmd` or change what it does, for
-/// the session as it is now.
-fn execute_would_pass(sess: &Session, cmd: &'static Command, args: &[Bytes]) -> bool {
+/// Whether `execute`'s checks of the session and of the server as a whole would pass
+/// every command, looked at once for a run of a group's commands rather than once per
+/// command. Valid until the group next awaits: only then can another connection of this
+/// thread change what it read (a MONITOR, an ACL change, a script), and a command that
+/// runs without awaiting changes none of it (`execute`'s commands, which can, are
+/// followed by an await). Another thread's change lands as it would between two of
+/// Redis's reads of a client's input, which also runs a read's commands together.
+type SessionPasses = Option<bool>;
+
+fn session_would_pass(sess: &Session) -> bool {
     let shared = &sess.worker.shared;
     !(sess.multi.is_some()
         || sess.tracking
@@ -78,20 +89,33 @@ fn execute_would_pass(sess: &Session, cmd: &'static Command, args: &[Bytes]) -> 
         || sess.acl_version != shared.acl.version()
         // A busy script's shard answers BUSY, which `execute` decides.
         || shared.busy_count.load(Ordering::Relaxed) > 0
-        || shared.monitors.load(Ordering::Relaxed) > 0
-        // `execute` evicts first, or refuses what may grow memory.
-        || shared.over_maxmemory()
-        || !cmd.arity_ok(args.len())
-        || !cmd.subcommands.is_empty()
-        || !matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
-        || !squash_allowed_by_gate(sess, cmd)
+        || shared.monitors.load(Ordering::Relaxed) > 0)
+}
+
+/// True when none of `execute`'s checks could refuse `cmd` or change what it does, for
+/// the session as it is now.
+fn execute_would_pass(
+    sess: &Session,
+    cmd: &'static Command,
+    args: &[Bytes],
+    session: &mut SessionPasses,
+) -> bool {
+    let shared = &sess.worker.shared;
+    *session.get_or_insert_with(|| session_would_pass(sess))
+        // `execute` evicts first, or refuses what may grow memory: checked per command,
+        // as a group's own writes may cross the limit.
+        && !shared.over_maxmemory()
+        && cmd.arity_ok(args.len())
+        && cmd.subcommands.is_empty()
+        && matches!(cmd.handler, Handler::Shard(_) | Handler::Multi(..))
+        && squash_allowed_by_gate(sess, cmd)
         // In cluster mode only what the slot check serves at once skips `execute`.
-        || shared.cluster.as_deref().is_some_and(|c| {
-            !matches!(
+        && shared.cluster.as_deref().is_none_or(|c| {
+            matches!(
                 crate::cluster::redirect::check(c, sess, cmd, args),
                 crate::cluster::redirect::Check::Serve
             )
-        }))
+        })
 }
 
 /// A BLPOP or BRPOP that `execute` would pass, with every key on this thread's shard: it
@@ -104,13 +128,14 @@ fn blocking_pop_here(
     cmd: Option<&'static Command>,
     args: &[Bytes],
     memo: &mut Option<Route>,
+    session: &mut SessionPasses,
 ) -> Option<&'static Command> {
     let cmd = cmd?;
     if !matches!(cmd.name, "blpop" | "brpop")
         // Inside EXEC and while replaying the AOF, a blocking command never waits.
         || sess.in_exec
         || sess.replaying
-        || !execute_would_pass(sess, cmd, args)
+        || !execute_would_pass(sess, cmd, args, session)
     {
         return None;
     }
@@ -205,11 +230,14 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
     // A command looked at (and maybe routed) while a batch was being formed, so it is
     // not looked up and its keys not hashed a second time.
     let mut carried: Option<(Option<&'static Command>, Option<Route>)> = None;
+    // Forgotten at every await below.
+    let mut session: SessionPasses = None;
     while let Some(args) = iter.next() {
         if sess.handle.killed.get() {
             return;
         }
         if crate::commands::connection::pause_set(sess) {
+            session = None;
             crate::commands::connection::wait_if_paused(sess, &args).await;
         }
         let (cmd, mut memo) = carried
@@ -220,12 +248,12 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             sess.unflushed_write = true;
             sess.wrote_since_wait = true;
         }
-        let plain = plain_target(sess, cmd, &args, &mut memo);
+        let plain = plain_target(sess, cmd, &args, &mut memo, &mut session);
         // A plain command for this thread's shard, or a blocking pop that may be served
         // at once, runs inline.
         let inline = match plain {
             Some(t) if t == sess.worker.id => cmd,
-            None => blocking_pop_here(sess, cmd, &args, &mut memo),
+            None => blocking_pop_here(sess, cmd, &args, &mut memo, &mut session),
             Some(_) => None,
         };
         if let Some(c) = inline {
@@ -236,16 +264,22 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
                 note_affinity(sess, sess.worker.id, 1);
                 sess.asking = false;
                 if !moves.is_empty() {
+                    session = None;
                     crate::shard::settle(moves).await;
                 }
                 if c.block.is_some() && commands::found_nothing(&sess.out.buf[mark..]) {
                     // The try was counted (`exec_here`); the wait is not a second call.
                     sess.out.buf.truncate(mark);
+                    session = None;
                     commands::wait_after_try(sess, c, &args).await;
                 }
-                if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
-                    sess.handle.kill();
-                    return;
+                sess.spare_args.give(args);
+                if sess.out.buf.len() >= FLUSH_AT {
+                    session = None;
+                    if !drain_output(sess).await {
+                        sess.handle.kill();
+                        return;
+                    }
                 }
                 continue;
             }
@@ -259,7 +293,8 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             while let Some(next) = iter.peek() {
                 let next_cmd = table().lookup(&next[0]);
                 let mut next_memo = None;
-                if plain_target(sess, next_cmd, next, &mut next_memo) != Some(target) {
+                if plain_target(sess, next_cmd, next, &mut next_memo, &mut session) != Some(target)
+                {
                     carried = Some((next_cmd, next_memo));
                     break;
                 }
@@ -285,6 +320,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             note_affinity(sess, target, n as u32);
             let worker = sess.worker.clone();
             let mut batch = batch;
+            session = None;
             loop {
                 let spec = sess.batch_spec(None);
                 let mut result = run_batch_on(&worker, target, batch, spec).await;
@@ -313,6 +349,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
         }
         let mode = sess.reply_mode;
         sess.flushed_mid_command = 0;
+        session = None;
         let mark = sess.out.buf.len();
         commands::execute(sess, cmd, args).await;
         sess.route_hint = None;

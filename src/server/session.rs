@@ -69,6 +69,9 @@ pub struct Session {
     /// have written (the write barrier of `appendfsync always`).
     pub unflushed_replies: usize,
     pub unflushed_write: bool,
+    /// Argument vectors of commands already run, emptied, for the parser's next
+    /// requests: a command's vector is then not allocated and freed per request.
+    pub spare_args: crate::protocol::parse::SpareArgs,
     /// The AOF replay at start-up, or a replica applying its master's stream: runs
     /// while clients get -LOADING, may write on a read-only replica, never blocks.
     pub replaying: bool,
@@ -176,6 +179,7 @@ impl Session {
             aof_pending: Vec::new(),
             unflushed_replies: 0,
             unflushed_write: false,
+            spare_args: Default::default(),
             replaying: false,
             replconf: None,
             wrote_since_wait: c.wrote_since_wait,
@@ -277,7 +281,13 @@ impl Session {
     }
 
     pub fn note_command(&mut self, cmd: &'static Command, args: &[Bytes]) {
-        let name = crate::commands::table().display_name(cmd, args);
+        // Only a container (CLIENT, CONFIG...) shows a subcommand: nothing to look up
+        // for the rest.
+        let name = if cmd.subcommands.is_empty() {
+            cmd.name
+        } else {
+            crate::commands::table().display_name(cmd, args)
+        };
         self.handle.info.borrow_mut().last_cmd = name;
     }
 
