@@ -225,7 +225,7 @@ pub struct CommandTable {
 
 static TABLE: OnceLock<CommandTable> = OnceLock::new();
 
-/// Command names to table positions by a perfect hash: a name of up to 24 bytes is packed,
+/// Command names to table positions by a perfect hash: a name of up to 23 bytes is packed,
 /// ASCII case folded, into three words, and a multiply-shift of them (with a multiplier
 /// searched for at start-up so that no two commands share a slot) picks the one slot to
 /// look at; the name is then checked by comparing three words. Every request does one

@@ -395,7 +395,8 @@ async fn conn_loop(
                 + stream.unsent_capacity()
                 + stream.input_capacity()
                 + sess.push_queued.get()
-                + parser.held_bytes(),
+                + parser.held_bytes()
+                + sess.spare_args.bytes(),
         );
         // (Replies just handed to the send batch leave at the end of this turn: not counted.)
         sess.handle.out_pending.set(sess.out.buf.len());

@@ -117,13 +117,6 @@ impl fmt::Display for ProtocolError {
 
 impl std::error::Error for ProtocolError {}
 
-/// Keeps state between calls so that a huge multibulk (1M args) or a huge
-/// bulk (500 MB) arriving in many reads is never re-parsed from the start
-/// (no quadratic cost).
-///
-/// Between calls that return `Ok(None)` the caller may only append to the
-/// buffer (read more bytes into it); it must not drop or change bytes already
-/// in it.
 /// Emptied argument vectors of commands already run, kept for the next requests, so that
 /// a request's vector is neither allocated nor freed on the common path
 /// (`RequestParser::whole_commands` takes from here, the dispatcher gives back).
@@ -131,8 +124,8 @@ impl std::error::Error for ProtocolError {}
 pub struct SpareArgs(Vec<Vec<Bytes>>);
 
 impl SpareArgs {
-    /// A deep pipeline's worth; more would only hold memory.
-    const KEEP: usize = 64;
+    /// A pipeline of 16's worth: a deeper one allocates past it, as before.
+    const KEEP: usize = 16;
     /// A vector grown by a long request (MSET, a big HSET) is not kept.
     const MAX_CAPACITY: usize = 16;
 
@@ -144,16 +137,31 @@ impl SpareArgs {
     }
 
     fn take(&mut self, count: usize) -> Vec<Bytes> {
-        match self.0.pop() {
-            Some(mut args) => {
-                args.reserve(count);
-                args
+        if count <= Self::MAX_CAPACITY {
+            if let Some(mut args) = self.0.pop() {
+                args.reserve_exact(count);
+                return args;
             }
-            None => Vec::with_capacity(count),
         }
+        Vec::with_capacity(count)
+    }
+
+    /// What the kept vectors hold, for the client's memory figure.
+    pub fn bytes(&self) -> usize {
+        self.0
+            .iter()
+            .map(|a| a.capacity() * std::mem::size_of::<Bytes>())
+            .sum()
     }
 }
 
+/// Keeps state between calls so that a huge multibulk (1M args) or a huge
+/// bulk (500 MB) arriving in many reads is never re-parsed from the start
+/// (no quadratic cost).
+///
+/// Between calls that return `Ok(None)` the caller may only append to the
+/// buffer (read more bytes into it); it must not drop or change bytes already
+/// in it.
 #[derive(Debug, Default)]
 pub struct RequestParser {
     /// Arguments of the multibulk in progress that are already complete.

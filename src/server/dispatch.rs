@@ -52,12 +52,12 @@ fn plain_target(
     cmd: Option<&'static Command>,
     args: &[Bytes],
     memo: &mut Option<Route>,
-    session: &mut SessionPasses,
+    passes: &mut SessionPasses,
 ) -> Option<usize> {
     let cmd = cmd?;
     if cmd.has(flags::BLOCKING)
         || cmd.block.is_some()
-        || !execute_would_pass(sess, cmd, args, session)
+        || !execute_would_pass(sess, cmd, args, passes)
     {
         return None;
     }
@@ -69,11 +69,11 @@ fn plain_target(
 
 /// Whether `execute`'s checks of the session and of the server as a whole would pass
 /// every command, looked at once for a run of a group's commands rather than once per
-/// command. Valid until the group next awaits: only then can another connection of this
-/// thread change what it read (a MONITOR, an ACL change, a script), and a command that
-/// runs without awaiting changes none of it (`execute`'s commands, which can, are
-/// followed by an await). Another thread's change lands as it would between two of
-/// Redis's reads of a client's input, which also runs a read's commands together.
+/// command. `run_group` forgets it before every `execute` (whose commands are what can
+/// change the session: CLIENT REPLY, MULTI, SUBSCRIBE, AUTH, ACL, MONITOR...) and before
+/// every await, the only place where another connection of this thread runs; a command
+/// run inline changes none of it. Another thread's change lands as it would between two
+/// of Redis's reads of a client's input, which also runs a read's commands together.
 type SessionPasses = Option<bool>;
 
 fn session_would_pass(sess: &Session) -> bool {
@@ -92,16 +92,17 @@ fn session_would_pass(sess: &Session) -> bool {
         || shared.monitors.load(Ordering::Relaxed) > 0)
 }
 
-/// True when none of `execute`'s checks could refuse `cmd` or change what it does, for
-/// the session as it is now.
+/// True when none of `execute`'s checks could refuse `cmd` or change what it does: the
+/// session's and the server's part as `passes` remembers it (looked at now if it does
+/// not), the command's own part now.
 fn execute_would_pass(
     sess: &Session,
     cmd: &'static Command,
     args: &[Bytes],
-    session: &mut SessionPasses,
+    passes: &mut SessionPasses,
 ) -> bool {
     let shared = &sess.worker.shared;
-    *session.get_or_insert_with(|| session_would_pass(sess))
+    *passes.get_or_insert_with(|| session_would_pass(sess))
         // `execute` evicts first, or refuses what may grow memory: checked per command,
         // as a group's own writes may cross the limit.
         && !shared.over_maxmemory()
@@ -128,14 +129,14 @@ fn blocking_pop_here(
     cmd: Option<&'static Command>,
     args: &[Bytes],
     memo: &mut Option<Route>,
-    session: &mut SessionPasses,
+    passes: &mut SessionPasses,
 ) -> Option<&'static Command> {
     let cmd = cmd?;
     if !matches!(cmd.name, "blpop" | "brpop")
         // Inside EXEC and while replaying the AOF, a blocking command never waits.
         || sess.in_exec
         || sess.replaying
-        || !execute_would_pass(sess, cmd, args, session)
+        || !execute_would_pass(sess, cmd, args, passes)
     {
         return None;
     }
@@ -231,13 +232,13 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
     // not looked up and its keys not hashed a second time.
     let mut carried: Option<(Option<&'static Command>, Option<Route>)> = None;
     // Forgotten at every await below.
-    let mut session: SessionPasses = None;
+    let mut passes: SessionPasses = None;
     while let Some(args) = iter.next() {
         if sess.handle.killed.get() {
             return;
         }
         if crate::commands::connection::pause_set(sess) {
-            session = None;
+            passes = None;
             crate::commands::connection::wait_if_paused(sess, &args).await;
         }
         let (cmd, mut memo) = carried
@@ -248,12 +249,12 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             sess.unflushed_write = true;
             sess.wrote_since_wait = true;
         }
-        let plain = plain_target(sess, cmd, &args, &mut memo, &mut session);
+        let plain = plain_target(sess, cmd, &args, &mut memo, &mut passes);
         // A plain command for this thread's shard, or a blocking pop that may be served
         // at once, runs inline.
         let inline = match plain {
             Some(t) if t == sess.worker.id => cmd,
-            None => blocking_pop_here(sess, cmd, &args, &mut memo, &mut session),
+            None => blocking_pop_here(sess, cmd, &args, &mut memo, &mut passes),
             Some(_) => None,
         };
         if let Some(c) = inline {
@@ -264,18 +265,18 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
                 note_affinity(sess, sess.worker.id, 1);
                 sess.asking = false;
                 if !moves.is_empty() {
-                    session = None;
+                    passes = None;
                     crate::shard::settle(moves).await;
                 }
                 if c.block.is_some() && commands::found_nothing(&sess.out.buf[mark..]) {
                     // The try was counted (`exec_here`); the wait is not a second call.
                     sess.out.buf.truncate(mark);
-                    session = None;
+                    passes = None;
                     commands::wait_after_try(sess, c, &args).await;
                 }
                 sess.spare_args.give(args);
                 if sess.out.buf.len() >= FLUSH_AT {
-                    session = None;
+                    passes = None;
                     if !drain_output(sess).await {
                         sess.handle.kill();
                         return;
@@ -293,8 +294,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             while let Some(next) = iter.peek() {
                 let next_cmd = table().lookup(&next[0]);
                 let mut next_memo = None;
-                if plain_target(sess, next_cmd, next, &mut next_memo, &mut session) != Some(target)
-                {
+                if plain_target(sess, next_cmd, next, &mut next_memo, &mut passes) != Some(target) {
                     carried = Some((next_cmd, next_memo));
                     break;
                 }
@@ -320,7 +320,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             note_affinity(sess, target, n as u32);
             let worker = sess.worker.clone();
             let mut batch = batch;
-            session = None;
+            passes = None;
             loop {
                 let spec = sess.batch_spec(None);
                 let mut result = run_batch_on(&worker, target, batch, spec).await;
@@ -349,7 +349,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
         }
         let mode = sess.reply_mode;
         sess.flushed_mid_command = 0;
-        session = None;
+        passes = None;
         let mark = sess.out.buf.len();
         commands::execute(sess, cmd, args).await;
         sess.route_hint = None;
