@@ -1339,6 +1339,17 @@ fn eviction_reaches_replica_as_del_threads4() {
     replica_sees_eviction(4);
 }
 
+/// A command's `usec` in INFO commandstats, with its whole line for messages.
+fn command_usec(c: &mut Client, name: &str) -> (i64, String) {
+    let stats = info_field(c, "commandstats", &format!("cmdstat_{name}"));
+    let usec = stats
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("usec="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("usec in cmdstat_{name}: {stats}"));
+    (usec, stats)
+}
+
 /// A blocking pop's wait is taken off its own time, not the next command's: after a
 /// BLPOP that waited 0.4 s and timed out on the connection's own shard, a DEBUG SLEEP of
 /// 0.3 s still counts its 0.3 s in INFO commandstats, as on redis-server.
@@ -1349,12 +1360,7 @@ fn a_wait_is_not_taken_off_the_next_command() {
         let mut c = server.client();
         assert!(c.cmd(&["BLPOP", "nothing-here", "0.4"]).is_null());
         ok(&mut c, &["DEBUG", "SLEEP", "0.3"]);
-        let stats = info_field(&mut c, "commandstats", "cmdstat_debug");
-        let usec: i64 = stats
-            .split(',')
-            .find_map(|kv| kv.strip_prefix("usec="))
-            .and_then(|v| v.parse().ok())
-            .expect("usec in cmdstat_debug");
+        let (usec, stats) = command_usec(&mut c, "debug");
         assert!(
             usec >= 290_000,
             "--threads {threads}: DEBUG SLEEP 0.3 counted {usec} µs: {stats}"
@@ -1392,12 +1398,7 @@ fn blocked_time_is_not_execution_time() {
         "slow log: {:?}",
         pusher.cmd(&["SLOWLOG", "GET"])
     );
-    let stats = info_field(&mut pusher, "commandstats", "cmdstat_blpop");
-    let usec: i64 = stats
-        .split(',')
-        .find_map(|kv| kv.strip_prefix("usec="))
-        .and_then(|v| v.parse().ok())
-        .expect("usec in cmdstat_blpop");
+    let (usec, stats) = command_usec(&mut pusher, "blpop");
     assert!(
         usec < 300_000,
         "BLPOP's 0.4 s wait counted as run time: {stats}"
