@@ -375,6 +375,44 @@ fn monitor_streams_commands_of_every_thread() {
     }
 }
 
+/// On several threads too, a slow-log entry names its client: for keys on all four
+/// shards of `--threads 4`, so that most SETs run in a batch on another thread than the
+/// connection's, which does not know the client.
+#[test]
+fn slowlog_names_the_client_on_every_thread() {
+    let kite = KiteServer::start(&["--migrate-connections", "no"], 4);
+    let mut c = kite.client();
+    assert_eq!(c.cmd(&["CLIENT", "SETNAME", "far-away"]), Resp::ok());
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+        Resp::ok()
+    );
+    assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), Resp::ok());
+    let keys = common::spread_keys("slow", 8);
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k.as_str(), "v"]), Resp::ok());
+    }
+    let info = c.cmd(&["CLIENT", "INFO"]).as_string().unwrap();
+    let addr = info
+        .split(' ')
+        .find_map(|kv| kv.strip_prefix("addr="))
+        .expect("addr in CLIENT INFO")
+        .to_string();
+    let entries = c.cmd(&["SLOWLOG", "GET", "-1"]);
+    let sets: Vec<Vec<Resp>> = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_array().unwrap().to_vec())
+        .filter(|e| e[3].as_array().unwrap()[0] == Resp::bulk("SET"))
+        .collect();
+    assert_eq!(sets.len(), keys.len(), "{entries}");
+    for e in &sets {
+        assert_eq!(e[4], Resp::bulk(&addr), "{entries}");
+        assert_eq!(e[5], Resp::bulk("far-away"), "{entries}");
+    }
+}
+
 /// A slow-log entry names the client that sent the command (its address and name), as
 /// redis-server's does, also for a command run inline on the connection's own thread.
 #[test]

@@ -173,6 +173,7 @@ fn answer_mailbox(worker: &Rc<Worker>) {
                     rest: Default::default(),
                     spent: b.cmds,
                     settle: Vec::new(),
+                    slow: b.slow,
                 };
                 worker.shared.answer_batch(b.from, b.done, result);
             }

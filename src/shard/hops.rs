@@ -301,6 +301,7 @@ mod tests {
             rest: Cmds::new(),
             spent: Cmds::new(),
             settle: Vec::new(),
+            slow: Vec::new(),
         }
     }
 

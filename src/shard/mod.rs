@@ -431,6 +431,11 @@ pub struct Shard {
     pub shared: Arc<Shared>,
     /// Slow commands and latency events of this thread.
     pub logs: Logs,
+    /// While a batch runs: its slow-log entries, which go home with its answer to be
+    /// named after their client there (`run_batch_on`): a batch from another thread's
+    /// connection runs where that client is not known. An answer that nobody waits for
+    /// any more (its connection was closed during the hop) is dropped with its entries.
+    slow_for_home: Option<Vec<SlowEntry>>,
     /// Effects of the writes run here, on their way to the AOF writer.
     pub aof: crate::persist::aof::Effects,
     aof_defers: u32,
@@ -448,6 +453,7 @@ impl Shard {
         Shard {
             shared,
             logs: Logs::default(),
+            slow_for_home: None,
             dbs: (0..databases)
                 .map(|_| Db {
                     table: Table::new(),
@@ -522,9 +528,21 @@ impl Shard {
         {
             let id = self.shared.next_slowlog_id.fetch_add(1, Ordering::Relaxed);
             let max = t.slowlog_max_len.load(Ordering::Relaxed);
-            let (addr, name) = client();
-            let entry = SlowEntry::new(id, unix_ms() / 1000, usec, args, addr, name);
-            self.logs.add_slow(entry, max);
+            match &mut self.slow_for_home {
+                Some(home) => home.push(SlowEntry::new(
+                    id,
+                    unix_ms() / 1000,
+                    usec,
+                    args,
+                    String::new(),
+                    Vec::new(),
+                )),
+                None => {
+                    let (addr, name) = client();
+                    let entry = SlowEntry::new(id, unix_ms() / 1000, usec, args, addr, name);
+                    self.logs.add_slow(entry, max);
+                }
+            }
         }
         let threshold_ms = t.latency_threshold_ms.load(Ordering::Relaxed);
         if threshold_ms > 0 && usec / 1000 >= threshold_ms {
@@ -1120,6 +1138,8 @@ pub struct Batch {
     /// directly when the batch ran there, through its mailbox otherwise (`hops`).
     pub from: usize,
     pub done: hops::Ticket,
+    /// Slow-log entries of the batch's commands, for its connection's thread to log.
+    pub slow: Vec<SlowEntry>,
 }
 
 /// What EXEC checks before it runs: the connection's dirty flag and its watched keys.
@@ -1146,6 +1166,8 @@ pub struct BatchResult {
     pub spent: hops::Cmds,
     /// Blocked moves the batch set off on other shards, to wait for before answering.
     pub settle: Vec<oneshot::Receiver<()>>,
+    /// Slow-log entries of the batch, without their client's address and name.
+    pub slow: Vec<SlowEntry>,
 }
 
 /// Waits until the blocked moves a command set off have landed.
@@ -1358,6 +1380,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
                     rest: VecDeque::new(),
                     spent: batch.cmds,
                     settle: Vec::new(),
+                    slow: Vec::new(),
                 },
             );
             return;
@@ -1403,6 +1426,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         }
         let f = cmd.exec_fn().expect("batched commands run on a shard");
         shard.current = batch.reader;
+        shard.slow_for_home = Some(std::mem::take(&mut batch.slow));
         exec_here(
             &mut shard,
             cmd,
@@ -1412,6 +1436,9 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             &mut batch.out,
             batch.no_touch,
         );
+        if let Some(slow) = shard.slow_for_home.take() {
+            batch.slow = slow;
+        }
         shard.current = None;
         batch.ran += 1;
     }
@@ -1442,6 +1469,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             },
             spent: batch.cmds,
             settle,
+            slow: batch.slow,
         },
     );
 }
@@ -1465,6 +1493,7 @@ pub async fn run_batch_on(
     spec: BatchSpec,
 ) -> BatchResult {
     let (ticket, answer) = hops::open(&worker.mailbox, worker.id);
+    let client_id = spec.client_id;
     let batch = Batch {
         db: spec.db,
         client_id: spec.client_id,
@@ -1478,6 +1507,7 @@ pub async fn run_batch_on(
         events: Vec::new(),
         from: worker.id,
         done: ticket,
+        slow: Vec::new(),
     };
     if target == worker.id {
         run_batch(worker, batch);
@@ -1486,11 +1516,40 @@ pub async fn run_batch_on(
         // Leaves with the pass's other hops for that thread.
         mailbox::post(target, worker.shared.mailbox(target), Mail::Batch(batch));
     }
-    let result = answer.await.expect("shard thread stopped");
+    let mut result = answer.await.expect("shard thread stopped");
     for (db, event, key) in &result.events {
         crate::pubsub::publish_event(worker, *db, event, key);
     }
+    if !result.slow.is_empty() {
+        log_slow_from_away(worker, client_id, std::mem::take(&mut result.slow));
+    }
     result
+}
+
+/// Logs the slow-log entries a batch brought home, named after the client that sent it,
+/// as the thread that ran them could not.
+fn log_slow_from_away(worker: &Rc<Worker>, client_id: u64, entries: Vec<SlowEntry>) {
+    let (addr, name) = worker
+        .clients
+        .borrow()
+        .map
+        .get(&client_id)
+        .map(|h| {
+            let info = h.info.borrow();
+            (info.addr.clone(), info.name.clone())
+        })
+        .unwrap_or_default();
+    let max = worker
+        .shared
+        .tunables
+        .slowlog_max_len
+        .load(Ordering::Relaxed);
+    let mut shard = worker.shard.borrow_mut();
+    for mut entry in entries {
+        entry.addr = addr.clone();
+        entry.name = name.clone();
+        shard.logs.add_slow(entry, max);
+    }
 }
 
 /// A keyspace event: database, event name, key.
