@@ -284,6 +284,12 @@ impl Default for BlockTable {
 }
 
 impl BlockTable {
+    /// Whether any client waits on any key here.
+    #[inline]
+    pub fn waits_any(&self) -> bool {
+        !self.index.is_empty()
+    }
+
     #[inline]
     pub fn is_waited(&self, db: usize, key: &[u8]) -> bool {
         !self.index.is_empty() && self.index.contains_key(&(db, key))

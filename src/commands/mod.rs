@@ -184,6 +184,18 @@ impl Command {
         }
     }
 
+    /// Whether `test` holds for every key argument of `args`, stopping at the first that
+    /// fails; a key range is walked without the vector `key_positions` builds.
+    pub fn keys_all<'a>(&self, args: &'a [Bytes], mut test: impl FnMut(&'a [u8]) -> bool) -> bool {
+        match self.keys {
+            Keys::None => true,
+            Keys::Range(first, last, step) => {
+                range_positions(first, last, step, args.len()).all(|i| test(&args[i]))
+            }
+            Keys::Custom(f, _) => f(args).into_iter().all(|i| test(&args[i])),
+        }
+    }
+
     pub fn key_spec(&self) -> (i32, i32, i32) {
         match self.keys {
             Keys::None => (0, 0, 0),
@@ -916,16 +928,34 @@ pub fn run_here_if_free(
     f: ExecFn,
     args: &[Bytes],
 ) -> Option<Vec<tokio::sync::oneshot::Receiver<()>>> {
+    {
+        let shard = sess.worker.shard.borrow();
+        if !shard.locks.is_idle() {
+            let pos = cmd.key_positions(args);
+            let write = cmd.has(flags::WRITE);
+            if !shard
+                .locks
+                .is_free_to(pos.iter().map(|&i| &args[i][..]), write)
+            {
+                return None;
+            }
+        }
+    }
+    Some(run_here(sess, cmd, f, args))
+}
+
+/// `run_here_if_free` without the lock check: for a command whose keys the caller holds
+/// (`server::dispatch::run_unit`) or knows to be free.
+pub fn run_here(
+    sess: &mut Session,
+    cmd: &'static Command,
+    f: ExecFn,
+    args: &[Bytes],
+) -> Vec<tokio::sync::oneshot::Receiver<()>> {
     let worker = sess.worker.clone();
     let reader = sess.reader();
     let pending = {
         let mut shard = worker.shard.borrow_mut();
-        if !shard.locks.is_idle() {
-            let pos = cmd.key_positions(args);
-            if !shard.locks.is_free(pos.iter().map(|&i| &args[i][..])) {
-                return None;
-            }
-        }
         shard.stats.inline += 1;
         shard.current = reader;
         let handle = &sess.handle;
@@ -946,11 +976,11 @@ pub fn run_here_if_free(
         shard.blocking.has_ready() || !shard.events.is_empty() || shard.tracking.has_pending()
     };
     if !pending {
-        return Some(Vec::new());
+        return Vec::new();
     }
     crate::shard::after_command(&worker);
     let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
-    Some(moves)
+    moves
 }
 
 /// Runs a keyed command on shard `target`: inline when that is this thread and its keys

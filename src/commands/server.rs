@@ -21,7 +21,7 @@ use crate::shard::{broadcast, hop, unix_ms, unix_us, CmdStat};
 pub(crate) struct ThreadReport {
     pub(crate) commands: Vec<CmdStat>,
     pub(crate) errors: HashMap<String, u64>,
-    pub(crate) counters: [u64; 22],
+    pub(crate) counters: [u64; 24],
     /// Each database's keys, keys with a TTL, and the estimate of their average TTL.
     pub(crate) keyspace: Vec<(u64, u64, u64)>,
     pub(crate) ops_per_sec: u64,
@@ -67,6 +67,8 @@ pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
             st.scripts_global,
             st.scripts_restarted,
             st.scripts_escalated,
+            st.units,
+            st.units_refused,
         ],
         keyspace: sh
             .dbs
@@ -416,13 +418,15 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\npipeline_units:{}\r\npipeline_units_refused:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
             sum(5),
             sum(6),
             sum(7),
+            sum(22),
+            sum(23),
             sum(8),
             reports.iter().map(|r| r.lock_waits).sum::<u64>(),
             sum(18),

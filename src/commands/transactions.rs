@@ -249,6 +249,7 @@ async_handler!(exec, |sess, _args| {
                     keys: Vec::new(),
                 })),
                 reader: sess.reader(),
+                whole: false,
             };
             let worker = sess.worker.clone();
             {

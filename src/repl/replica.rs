@@ -915,6 +915,7 @@ impl Batches {
                         no_touch: false,
                         atomic: None,
                         reader: None,
+                        whole: false,
                     };
                     let result = crate::shard::run_batch_on(&worker, shard, cmds, spec).await;
                     log_error(&result.out.buf);

@@ -162,6 +162,9 @@ fn answer_mailbox(worker: &Rc<Worker>) {
     let text = crate::commands::scripting::busy_text(&worker.shared);
     for mail in arrived {
         match mail {
+            // A part of a two-shard unit runs whole or not at all: it goes back unrun, and
+            // its connection then sends its commands one run at a time, to get BUSY.
+            Mail::Batch(b) if b.whole => crate::shard::refuse(worker, b),
             Mail::Batch(mut b) if b.atomic.is_none() => {
                 for _ in b.ran..b.cmds.len() {
                     b.out.error(text);
@@ -174,6 +177,8 @@ fn answer_mailbox(worker: &Rc<Worker>) {
                     spent: b.cmds,
                     settle: Vec::new(),
                     slow: b.slow,
+                    refused: false,
+                    ends: Vec::new(),
                 };
                 worker.shared.answer_batch(b.from, b.done, result);
             }

@@ -6,6 +6,8 @@
 //! the session's output buffer, which `net::conn` sends (mid-pipeline too, through
 //! `net::conn::drain_output`, once it passes 64 KiB).
 
+use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -13,6 +15,7 @@ use bytes::Bytes;
 use crate::commands::{self, flags, route, table, Command, Handler, Route};
 use crate::net::conn::{drain_output, FLUSH_AT};
 use crate::server::session::{ReplyMode, Session};
+use crate::shard::locks::UnitKeys;
 use crate::shard::{run_batch_on, Worker};
 
 /// Whether a command may change the dataset, so that its reply waits for the AOF.
@@ -225,15 +228,238 @@ pub(crate) fn prefetch_first_keys(worker: &Worker, requests: &[&[u8]]) {
     );
 }
 
+/// A command of a group looked up, and maybe routed, ahead of its turn.
+type Looked = (Vec<Bytes>, Option<&'static Command>, Option<Route>);
+
+fn look_up(args: Option<Vec<Bytes>>) -> Option<Looked> {
+    args.map(|args| {
+        let cmd = table().lookup(&args[0]);
+        (args, cmd, None)
+    })
+}
+
+/// Most commands one unit holds (`run_unit`): its replies are all built before any is
+/// written, and its keys here stay locked for its round trip.
+const UNIT_MAX: usize = 64;
+
+/// Looks at the commands after one bound for shard `target`. Returns how many of them
+/// follow it bound for `target` too (the batch that goes with it), and how many of them
+/// make a unit with it (0: none): a stretch of plain commands for `target` and for this
+/// thread's shard alone, ending with one for `target`, with at least one for this shard
+/// in between. Such a group would otherwise cost a round trip per run for `target`.
+fn look_ahead(
+    sess: &Session,
+    target: usize,
+    units: bool,
+    iter: &mut impl Iterator<Item = Vec<Bytes>>,
+    ahead: &mut VecDeque<Looked>,
+    passes: &mut SessionPasses,
+) -> (usize, usize) {
+    let here = sess.worker.id;
+    // Keyspace events carry no position: a unit's would reach subscribers out of order.
+    let units = units
+        && sess
+            .worker
+            .shared
+            .tunables
+            .notify_flags
+            .load(Ordering::Relaxed)
+            == 0;
+    let (mut run, mut unit) = (0, 0);
+    let mut in_run = true;
+    let mut i = 0;
+    loop {
+        // The unit is the first command and `ahead[..=i]`.
+        if !in_run && i + 2 > UNIT_MAX {
+            break;
+        }
+        if i == ahead.len() {
+            match look_up(iter.next()) {
+                Some(looked) => ahead.push_back(looked),
+                None => break,
+            }
+        }
+        let (args, cmd, memo) = &mut ahead[i];
+        let t = plain_target(sess, *cmd, args, memo, passes);
+        if t == Some(target) {
+            if in_run {
+                run += 1;
+            } else {
+                unit = i + 1;
+            }
+        } else if t == Some(here) && units && i + 2 < UNIT_MAX {
+            in_run = false;
+        } else {
+            break;
+        }
+        i += 1;
+    }
+    (run, unit)
+}
+
+/// Keys of this thread's shard that a unit holds for its round trip, let go when
+/// dropped: when the unit is done, and also if the connection's task is dropped while
+/// the unit waits.
+struct UnitLocks {
+    worker: Rc<Worker>,
+    keys: UnitKeys,
+}
+
+impl Drop for UnitLocks {
+    fn drop(&mut self) {
+        crate::shard::release_unit(&self.worker, &self.keys);
+    }
+}
+
+/// Holds the keys that the unit's commands for this shard name (of `ahead[..unit]`),
+/// shared where they only read, if no one else holds them against that, queues for them
+/// or is blocked waiting on them (serving a waiter from one of them must happen after the
+/// command that filled it, not once the hold goes). Nothing awaits between the check and
+/// the hold.
+fn hold_unit_keys(sess: &Session, ahead: &VecDeque<Looked>, unit: usize) -> Option<UnitLocks> {
+    let here = Some(Route::Shard(sess.worker.id));
+    let mut keys: Vec<(&[u8], bool)> = Vec::with_capacity(unit);
+    for (args, cmd, memo) in ahead.iter().take(unit) {
+        if *memo == here {
+            let cmd = cmd.expect("squashable commands are known");
+            let write = cmd.has(flags::WRITE);
+            cmd.keys_all(args, |k| {
+                keys.push((k, write));
+                true
+            });
+        }
+    }
+    let mut shard = sess.worker.shard.borrow_mut();
+    if shard.blocking.waits_any()
+        && keys
+            .iter()
+            .any(|(k, _)| shard.blocking.is_waited(sess.db, k))
+    {
+        return None;
+    }
+    let keys = shard.locks.try_hold_unit(keys)?;
+    Some(UnitLocks {
+        worker: sess.worker.clone(),
+        keys,
+    })
+}
+
+/// Runs a unit (`look_ahead`): `first` and `ahead[..unit]`, plain commands for shard
+/// `target` and for this thread's, in one round trip instead of one per run for
+/// `target`, with the effect of the whole group running at one moment. This shard's keys
+/// of the unit are held (`held`) from before the other part runs until after this
+/// shard's part has run; the other part runs all at once or not at all (`Batch::whole`),
+/// never waiting for a lock, so no two units (or a unit and a transaction) can wait for
+/// each other. Then this shard's commands run, and the replies are written in the
+/// group's order. If the other shard refused (a key of it held, queued for or waited on),
+/// nothing ran: the commands go back to the front of `ahead`, `first` first, and the
+/// result is false.
+async fn run_unit(
+    sess: &mut Session,
+    target: usize,
+    first: (&'static Command, Vec<Bytes>),
+    ahead: &mut VecDeque<Looked>,
+    unit: usize,
+    held: UnitLocks,
+) -> bool {
+    let here = sess.worker.id;
+    let mut remote = crate::shard::hops::cmds();
+    let mut local = Vec::with_capacity(unit);
+    // Where each command of the unit runs, in the group's order: true for this shard.
+    let mut order = Vec::with_capacity(unit + 1);
+    remote.push_back(first);
+    order.push(false);
+    for (args, cmd, memo) in ahead.drain(..unit) {
+        let cmd = cmd.expect("squashable commands are known");
+        let is_local = memo == Some(Route::Shard(here));
+        if is_local {
+            local.push((cmd, args));
+        } else {
+            remote.push_back((cmd, args));
+        }
+        order.push(is_local);
+    }
+    let worker = sess.worker.clone();
+    let mut spec = sess.batch_spec(None);
+    spec.whole = true;
+    let mut result = run_batch_on(&worker, target, remote, spec).await;
+    if result.refused {
+        drop(held);
+        worker.shard.borrow_mut().stats.units_refused += 1;
+        let mut remote = std::mem::take(&mut result.spent);
+        for is_local in order.into_iter().rev() {
+            let ((cmd, args), at) = if is_local {
+                (local.pop().expect("counted"), here)
+            } else {
+                (remote.pop_back().expect("counted"), target)
+            };
+            ahead.push_front((args, Some(cmd), Some(Route::Shard(at))));
+        }
+        crate::shard::hops::recycle(result.out.buf, remote);
+        return false;
+    }
+    debug_assert!(result.rest.is_empty(), "a whole batch runs to its end");
+    let mut moves = std::mem::take(&mut result.settle);
+    let mut local = local.into_iter();
+    let mut remote = result.spent.iter();
+    let mut ends = result.ends.iter();
+    let mut start = 0;
+    for (i, is_local) in order.into_iter().enumerate() {
+        // The first was counted when the group's loop took it.
+        if i > 0 {
+            sess.unflushed_replies += 1;
+        }
+        if is_local {
+            let (cmd, args) = local.next().expect("counted");
+            if may_write(cmd) {
+                sess.unflushed_write = true;
+                sess.wrote_since_wait = true;
+            }
+            let f = cmd.exec_fn().expect("inline commands run on a shard");
+            moves.extend(commands::run_here(sess, cmd, f, &args));
+            sess.note_command(cmd, &args);
+            note_affinity(sess, here, 1);
+            sess.spare_args.give(args);
+        } else {
+            let (cmd, args) = remote.next().expect("counted");
+            if may_write(cmd) {
+                sess.unflushed_write = true;
+                sess.wrote_since_wait = true;
+            }
+            let end = *ends.next().expect("one end per command");
+            sess.out.buf.extend_from_slice(&result.out.buf[start..end]);
+            start = end;
+            sess.note_command(cmd, args);
+            note_affinity(sess, target, 1);
+        }
+        sess.asking = false;
+    }
+    drop(held);
+    let n = result.spent.len() as u64;
+    {
+        let mut shard = worker.shard.borrow_mut();
+        shard.stats.units += 1;
+        shard.stats.one_hop += n;
+        shard.stats.squashed_batches += 1;
+        shard.stats.squashed_commands += n;
+    }
+    crate::shard::hops::recycle(result.out.buf, result.spent);
+    crate::shard::settle(moves).await;
+    true
+}
+
 /// Runs a group of parsed commands in order.
 pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec<Bytes>>) {
-    let mut iter = cmds.peekable();
-    // A command looked at (and maybe routed) while a batch was being formed, so it is
-    // not looked up and its keys not hashed a second time.
-    let mut carried: Option<(Option<&'static Command>, Option<Route>)> = None;
+    let mut iter = cmds;
+    // Commands looked at (and maybe routed) ahead of their turn while a batch or a unit
+    // was being formed, so they are not looked up and their keys not hashed again.
+    let mut ahead: VecDeque<Looked> = VecDeque::new();
     // Forgotten at every await below.
     let mut passes: SessionPasses = None;
-    while let Some(args) = iter.next() {
+    // Cleared once a unit's other part was refused: the rest of the group then goes run
+    // by run, as it would have before units.
+    let mut units = true;
+    while let Some((args, cmd, mut memo)) = ahead.pop_front().or_else(|| look_up(iter.next())) {
         if sess.handle.killed.get() {
             return;
         }
@@ -241,9 +467,6 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             passes = None;
             crate::commands::connection::wait_if_paused(sess, &args).await;
         }
-        let (cmd, mut memo) = carried
-            .take()
-            .unwrap_or_else(|| (table().lookup(&args[0]), None));
         sess.unflushed_replies += 1;
         if cmd.is_some_and(may_write) {
             sess.unflushed_write = true;
@@ -287,19 +510,30 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
         }
         if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
             let cmd = cmd.expect("squashable commands are known");
+            let (run, unit) = look_ahead(sess, target, units, &mut iter, &mut ahead, &mut passes);
+            if unit > 0 {
+                if let Some(held) = hold_unit_keys(sess, &ahead, unit) {
+                    passes = None;
+                    if !run_unit(sess, target, (cmd, args), &mut ahead, unit, held).await {
+                        // Counted once already, at the top of this loop; its turn comes
+                        // again.
+                        sess.unflushed_replies -= 1;
+                        units = false;
+                    }
+                    if sess.out.buf.len() >= FLUSH_AT && !drain_output(sess).await {
+                        sess.handle.kill();
+                        return;
+                    }
+                    continue;
+                }
+            }
             let mut batch = crate::shard::hops::cmds();
             sess.note_command(cmd, &args);
             sess.asking = false;
             batch.push_back((cmd, args));
-            while let Some(next) = iter.peek() {
-                let next_cmd = table().lookup(&next[0]);
-                let mut next_memo = None;
-                if plain_target(sess, next_cmd, next, &mut next_memo, &mut passes) != Some(target) {
-                    carried = Some((next_cmd, next_memo));
-                    break;
-                }
-                let args = iter.next().expect("peeked");
-                let c = next_cmd.expect("squashable commands are known");
+            for _ in 0..run {
+                let (args, c, _) = ahead.pop_front().expect("looked ahead");
+                let c = c.expect("squashable commands are known");
                 sess.unflushed_replies += 1;
                 if may_write(c) {
                     sess.unflushed_write = true;

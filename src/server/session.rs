@@ -204,6 +204,7 @@ impl Session {
             no_touch: self.no_touch,
             atomic: None,
             reader,
+            whole: false,
         }
     }
 

@@ -302,6 +302,8 @@ mod tests {
             spent: Cmds::new(),
             settle: Vec::new(),
             slow: Vec::new(),
+            refused: false,
+            ends: Vec::new(),
         }
     }
 

@@ -5,8 +5,16 @@
 //! those keys waits in arrival order; work on other keys never waits. Transactions take
 //! their shards in ascending shard order, and within a shard a waiter only waits for
 //! holders and for earlier waiters sharing a key, so no cycle of waits can form.
+//!
+//! A pipelined group that runs on two shards as one unit (`server::dispatch::run_unit`)
+//! holds its keys on its own shard for one round trip, shared for the keys it only reads.
+//! It never waits for a lock (it runs the other way if a key is taken), so it adds no
+//! wait to any cycle. Taken and let go on every such group, these holds are kept by a
+//! hash of the key rather than a copy of it; two keys of one hash only make one of them
+//! wait for the other's unit.
 
 use std::collections::VecDeque;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 use bytes::Bytes;
 use hashbrown::HashMap;
@@ -41,27 +49,129 @@ pub struct LockTable {
     /// Keys named by queued waiters, so a newcomer sharing one queues behind them.
     queued: HashMap<Bytes, u32>,
     queued_all: u32,
+    /// Keys held by units, by `hash`.
+    unit_held: HashMap<u64, UnitHold, BuildHasherDefault<HashIsKey>>,
+    hash: hashbrown::DefaultHashBuilder,
     pub granted_total: u64,
     pub waited_total: u64,
 }
+
+#[derive(Default)]
+struct UnitHold {
+    readers: u32,
+    writers: u32,
+}
+
+/// The keys of `unit_held` are hashes already.
+#[derive(Default)]
+struct HashIsKey(u64);
+
+impl Hasher for HashIsKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("only u64 keys")
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The keys a unit holds: each key's hash, and whether the unit writes it.
+pub type UnitKeys = Vec<(u64, bool)>;
 
 impl LockTable {
     /// Nothing is locked or waiting: the common case, checked before anything else.
     #[inline]
     pub fn is_idle(&self) -> bool {
+        self.tx_idle() && self.unit_held.is_empty()
+    }
+
+    /// No transaction holds or waits for anything here (units may hold keys).
+    #[inline]
+    pub fn tx_idle(&self) -> bool {
         self.all_held == 0 && self.held.is_empty() && self.queue.is_empty()
     }
 
     /// Whether work on `keys` may run now without overtaking anyone.
     pub fn is_free<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) -> bool {
+        self.is_free_to(keys, true)
+    }
+
+    /// `is_free` for work that writes the keys (`write`) or only reads them: reading, it
+    /// may share them with units that only read them.
+    pub fn is_free_to<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>, write: bool) -> bool {
         if self.is_idle() {
             return true;
         }
         if self.all_held > 0 || self.queued_all > 0 {
             return false;
         }
-        keys.into_iter()
-            .all(|k| !self.held.contains_key(k) && !self.queued.contains_key(k))
+        keys.into_iter().all(|k| {
+            !self.held.contains_key(k) && !self.queued.contains_key(k) && self.unit_allows(k, write)
+        })
+    }
+
+    fn unit_allows(&self, key: &[u8], write: bool) -> bool {
+        if self.unit_held.is_empty() {
+            return true;
+        }
+        match self.unit_held.get(&self.hash.hash_one(key)) {
+            None => true,
+            Some(h) => !write && h.writers == 0,
+        }
+    }
+
+    /// Takes a unit's keys, each `(key, writes)`, if every one is free for it now; never
+    /// queues.
+    pub fn try_hold_unit<'a>(
+        &mut self,
+        keys: impl IntoIterator<Item = (&'a [u8], bool)>,
+    ) -> Option<UnitKeys> {
+        if self.all_held > 0 || self.queued_all > 0 {
+            return None;
+        }
+        let mut hashed = UnitKeys::new();
+        for (k, write) in keys {
+            let free = !self.held.contains_key(k)
+                && !self.queued.contains_key(k)
+                && self.unit_allows(k, write);
+            if !free {
+                return None;
+            }
+            hashed.push((self.hash.hash_one(k), write));
+        }
+        for &(h, write) in &hashed {
+            let hold = self.unit_held.entry(h).or_default();
+            if write {
+                hold.writers += 1;
+            } else {
+                hold.readers += 1;
+            }
+        }
+        Some(hashed)
+    }
+
+    /// Lets go of a unit's keys and returns the work that may run now, in order, as
+    /// `release` does.
+    pub fn release_unit(&mut self, keys: &UnitKeys) -> Vec<Box<dyn FnOnce()>> {
+        for &(h, write) in keys {
+            if let Some(hold) = self.unit_held.get_mut(&h) {
+                if write {
+                    hold.writers -= 1;
+                } else {
+                    hold.readers -= 1;
+                }
+                if hold.readers == 0 && hold.writers == 0 {
+                    self.unit_held.remove(&h);
+                }
+            }
+        }
+        if self.queue.is_empty() {
+            return Vec::new();
+        }
+        self.wake()
     }
 
     fn is_free_for(&self, keys: &LockKeys) -> bool {
@@ -81,6 +191,11 @@ impl LockTable {
             }
         }
         self.granted_total += 1;
+    }
+
+    /// Whether any work waits in the queue.
+    pub fn has_waiters(&self) -> bool {
+        !self.queue.is_empty()
     }
 
     /// Takes the locks now if they are free, else queues the request; `grant` fires when
@@ -160,8 +275,10 @@ impl LockTable {
             let free = !overtakes
                 && self.all_held == 0
                 && match &w.keys {
-                    LockKeys::All => self.held.is_empty(),
-                    LockKeys::Keys(ks) => ks.iter().all(|k| !self.held.contains_key(k)),
+                    LockKeys::All => self.held.is_empty() && self.unit_held.is_empty(),
+                    LockKeys::Keys(ks) => ks
+                        .iter()
+                        .all(|k| !self.held.contains_key(k) && self.unit_allows(k, true)),
                 };
             if free {
                 self.unqueue(&w.keys);

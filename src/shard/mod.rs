@@ -354,6 +354,10 @@ pub struct Stats {
     pub hops: u64,
     pub squashed_batches: u64,
     pub squashed_commands: u64,
+    /// Pipelined groups run as one two-shard unit in one round trip, and those whose
+    /// other part was refused (`server::dispatch::run_unit`).
+    pub units: u64,
+    pub units_refused: u64,
     pub migrations: u64,
     /// Scripts run on their shard's thread alone.
     pub scripts_fast: u64,
@@ -781,7 +785,9 @@ impl Shard {
     pub fn active_expire(&mut self, now_ms: u64, budget_segments: usize) -> bool {
         // A transaction holding keys here may have read one that would expire now; its
         // block in the AOF must not follow a DEL of it. Expiry waits for the locks to go.
-        if !self.locks.is_idle() {
+        // (A pipeline's unit holding keys is no transaction: its commands here have not
+        // run yet, and find an expired key gone whenever they do.)
+        if !self.locks.tx_idle() {
             return false;
         }
         let mut more = false;
@@ -1140,6 +1146,12 @@ pub struct Batch {
     pub done: hops::Ticket,
     /// Slow-log entries of the batch's commands, for its connection's thread to log.
     pub slow: Vec<SlowEntry>,
+    /// One part of a pipelined group that runs on two shards as one unit
+    /// (`server::dispatch::run_unit`): run every command at once, or none (`refused`).
+    pub whole: bool,
+    /// Where each command's reply ends in `out`, for a `whole` batch, whose replies the
+    /// connection interleaves with its own shard's.
+    pub ends: Vec<usize>,
 }
 
 /// What EXEC checks before it runs: the connection's dirty flag and its watched keys.
@@ -1168,6 +1180,11 @@ pub struct BatchResult {
     pub settle: Vec<oneshot::Receiver<()>>,
     /// Slow-log entries of the batch, without their client's address and name.
     pub slow: Vec<SlowEntry>,
+    /// A `whole` batch that could not run at once: nothing ran, and its commands are in
+    /// `spent`, in order.
+    pub refused: bool,
+    /// Where each command's reply ends in `out` (`whole` batches only).
+    pub ends: Vec<usize>,
 }
 
 /// Waits until the blocked moves a command set off have landed.
@@ -1356,6 +1373,11 @@ pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail
 pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     let atomic = batch.atomic.is_some();
     let mut shard = worker.shard.borrow_mut();
+    if batch.whole && !may_run_whole(&shard, &batch) {
+        drop(shard);
+        refuse(worker, batch);
+        return;
+    }
     if atomic && !shard.locks.is_idle() {
         let keys = batch_keys(&batch, true);
         if !shard.locks.is_free(keys.iter().map(|k| &k[..])) {
@@ -1381,6 +1403,8 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
                     spent: batch.cmds,
                     settle: Vec::new(),
                     slow: Vec::new(),
+                    refused: false,
+                    ends: Vec::new(),
                 },
             );
             return;
@@ -1396,7 +1420,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     };
     while let Some((cmd, args)) = batch.cmds.get(batch.ran) {
         let cmd: &'static Command = cmd;
-        if !atomic && batch.out.buf.len() >= BATCH_REPLY_LIMIT {
+        if !atomic && !batch.whole && batch.out.buf.len() >= BATCH_REPLY_LIMIT {
             break;
         }
         if !atomic
@@ -1413,7 +1437,11 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         }
         if !atomic && !shard.locks.is_idle() {
             let keys = cmd.key_positions(args);
-            if !shard.locks.is_free(keys.iter().map(|&i| &args[i][..])) {
+            let write = cmd.has(crate::commands::flags::WRITE);
+            if !shard
+                .locks
+                .is_free_to(keys.iter().map(|&i| &args[i][..]), write)
+            {
                 let lock_keys = LockKeys::Keys(keys.iter().map(|&i| args[i].clone()).collect());
                 shard.aof_undefer();
                 let w = worker.clone();
@@ -1440,6 +1468,9 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             batch.slow = slow;
         }
         shard.current = None;
+        if batch.whole {
+            batch.ends.push(batch.out.buf.len());
+        }
         batch.ran += 1;
     }
     match mark {
@@ -1470,8 +1501,45 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             spent: batch.cmds,
             settle,
             slow: batch.slow,
+            refused: false,
+            ends: batch.ends,
         },
     );
+}
+
+/// Whether a `whole` batch can run here at once, start to end: none of its keys held or
+/// queued for in the lock table, and none waited on by a blocked client. Serving a waiter
+/// from this part could hand it another key than Redis would, had the sender's earlier
+/// commands on its own shard (which run after this part) come first.
+fn may_run_whole(shard: &Shard, batch: &Batch) -> bool {
+    let locks_idle = shard.locks.is_idle();
+    let waits = shard.blocking.waits_any();
+    if locks_idle && !waits {
+        return true;
+    }
+    batch.cmds.iter().all(|(cmd, args)| {
+        let write = cmd.has(crate::commands::flags::WRITE);
+        cmd.keys_all(args, |k| {
+            (locks_idle || shard.locks.is_free_to([k], write))
+                && !shard.blocking.is_waited(batch.db, k)
+        })
+    })
+}
+
+/// Answers a `whole` batch that did not run: its commands go back, untouched.
+pub fn refuse(worker: &Worker, batch: Batch) {
+    let result = BatchResult {
+        out: batch.out,
+        events: Vec::new(),
+        aborted: false,
+        rest: VecDeque::new(),
+        spent: batch.cmds,
+        settle: Vec::new(),
+        slow: batch.slow,
+        refused: true,
+        ends: Vec::new(),
+    };
+    worker.shared.answer_batch(batch.from, batch.done, result);
 }
 
 /// How a batch runs on its shard.
@@ -1483,6 +1551,8 @@ pub struct BatchSpec {
     pub atomic: Option<WatchCheck>,
     /// The connection's CLIENT TRACKING state, when it tracks.
     pub reader: Option<crate::tracking::Reader>,
+    /// All at once or not at all (`Batch::whole`).
+    pub whole: bool,
 }
 
 /// Runs a batch on shard `target` and waits for its replies.
@@ -1508,6 +1578,8 @@ pub async fn run_batch_on(
         from: worker.id,
         done: ticket,
         slow: Vec::new(),
+        whole: spec.whole,
+        ends: Vec::new(),
     };
     if target == worker.id {
         run_batch(worker, batch);
@@ -1590,6 +1662,27 @@ pub fn send_invalidations(worker: &Rc<Worker>) {
     if shard.tracking.has_pending() {
         shard.tracking.send_pending(worker);
     }
+}
+
+/// Releases the keys a two-shard unit of a pipeline held here for one round trip
+/// (`server::dispatch::run_unit`), starts what waited for them and serves clients blocked
+/// on them; most often none did, and nothing else is to be done.
+pub fn release_unit(worker: &Rc<Worker>, keys: &locks::UnitKeys) {
+    let runnable = {
+        let mut shard = worker.shard.borrow_mut();
+        let runnable = shard.locks.release_unit(keys);
+        if runnable.is_empty() && !shard.blocking.has_ready() {
+            return;
+        }
+        // Effects logged here so far precede any transaction granted a lock now.
+        shard.aof_flush();
+        runnable
+    };
+    for f in runnable {
+        f();
+    }
+    after_command(worker);
+    mailbox::flush_outbox();
 }
 
 /// Releases locks held on this thread's shard, starts whatever was waiting for them, and
