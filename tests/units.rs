@@ -346,7 +346,7 @@ fn mixed_pipelines_reply_like_redis_on_two_threads() {
         let conn = p % CONNS;
         let want = redis_conns[conn].pipeline(cmds);
         for (name, conns) in kites.iter_mut() {
-            let name: &str = *name;
+            let name: &str = name;
             let got = conns[conn].pipeline(cmds);
             compare_replies(
                 &format!("{name}: pipeline #{p} on connection {conn}"),
@@ -362,7 +362,7 @@ fn mixed_pipelines_reply_like_redis_on_two_threads() {
         let key = mix_key(i);
         let want = dump_key(&mut redis_conns[0], &key);
         for (name, conns) in kites.iter_mut() {
-            let name: &str = *name;
+            let name: &str = name;
             assert_eq!(
                 dump_key(&mut conns[0], &key),
                 want,
@@ -780,7 +780,7 @@ fn units_and_transactions_contend_without_deadlock() {
             s.spawn(move || {
                 let mut c = patient_client(kite);
                 let mut rng = Rng::new(100 + t as u64);
-                let mut mine = vec![0i64; KEYS];
+                let mut mine = [0i64; KEYS];
                 for n in 0..PIPELINES {
                     let mut cmds: Vec<Args> = Vec::with_capacity(DEPTH);
                     for _ in 0..DEPTH {
@@ -805,7 +805,7 @@ fn units_and_transactions_contend_without_deadlock() {
             s.spawn(move || {
                 let mut c = patient_client(kite);
                 let mut rng = Rng::new(200 + t as u64);
-                let mut mine = vec![0i64; KEYS];
+                let mut mine = [0i64; KEYS];
                 for n in 0..TRANSACTIONS {
                     let mut cmds = vec![args_of(&["MULTI"])];
                     for _ in 0..3 {
@@ -836,7 +836,7 @@ fn units_and_transactions_contend_without_deadlock() {
             s.spawn(move || {
                 let mut c = patient_client(kite);
                 let mut rng = Rng::new(300);
-                let mut mine = vec![0i64; KEYS];
+                let mut mine = [0i64; KEYS];
                 for n in 0..EVALS {
                     let k = rng.index(KEYS);
                     mine[k] += 1;
@@ -858,4 +858,43 @@ fn units_and_transactions_contend_without_deadlock() {
         assert_eq!(got, *want, "{k}: its value against the INCRs issued on it");
     }
     assert_units_ran(&kite, "units against transactions and scripts");
+}
+
+/// While any client tracks keys (CLIENT TRACKING), no pipeline runs as a unit: other
+/// clients' invalidations would go out in the order the unit's two parts ran (the other
+/// shard's a round trip first), not in the group's. Once tracking stops, units run again.
+#[test]
+fn no_unit_while_a_client_tracks_keys() {
+    if kite_is_redis() {
+        return;
+    }
+    let kite = KiteServer::start(&[], THREADS);
+    let mut rng = Rng::new(0x5eed_0006);
+    let keys: Vec<String> = (0..16)
+        .map(|i| key_on(&mut rng, &format!("trk{i}"), i % 2))
+        .collect();
+    let gets: Vec<Args> = keys.iter().map(|k| args_of(&["GET", k.as_str()])).collect();
+    let mut sink = kite.client();
+    let sink_id = sink.cmd(&["CLIENT", "ID"]).as_int().expect("CLIENT ID");
+    let mut tracker = kite.client();
+    let redirect = sink_id.to_string();
+    assert_eq!(
+        tracker.cmd(&["CLIENT", "TRACKING", "ON", "REDIRECT", redirect.as_str()]),
+        Resp::ok()
+    );
+    let mut c = kite.client();
+    for _ in 0..50 {
+        c.pipeline(&gets);
+    }
+    let (units, refused) = unit_counts(&kite).expect("a Kite");
+    assert_eq!(
+        (units, refused),
+        (0, 0),
+        "pipeline_units / _refused while a client tracks keys"
+    );
+    assert_eq!(tracker.cmd(&["CLIENT", "TRACKING", "OFF"]), Resp::ok());
+    for _ in 0..50 {
+        c.pipeline(&gets);
+    }
+    assert_units_ran(&kite, "after CLIENT TRACKING OFF");
 }

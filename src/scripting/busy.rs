@@ -169,17 +169,7 @@ fn answer_mailbox(worker: &Rc<Worker>) {
                 for _ in b.ran..b.cmds.len() {
                     b.out.error(text);
                 }
-                let result = BatchResult {
-                    out: b.out,
-                    events: Vec::new(),
-                    aborted: false,
-                    rest: Default::default(),
-                    spent: b.cmds,
-                    settle: Vec::new(),
-                    slow: b.slow,
-                    refused: false,
-                    ends: Vec::new(),
-                };
+                let result = BatchResult::new(b.out, b.cmds, b.slow);
                 worker.shared.answer_batch(b.from, b.done, result);
             }
             other => deferred.push_back(other),

@@ -23,6 +23,16 @@ fn may_write(cmd: &Command) -> bool {
     cmd.has(flags::WRITE) || matches!(cmd.name, "exec" | "eval" | "evalsha" | "fcall" | "function")
 }
 
+/// Counts a command of the group toward the replies and writes its group's write barrier
+/// and WAIT must cover.
+fn count_reply(sess: &mut Session, cmd: Option<&Command>) {
+    sess.unflushed_replies += 1;
+    if cmd.is_some_and(may_write) {
+        sess.unflushed_write = true;
+        sess.wrote_since_wait = true;
+    }
+}
+
 /// The write barrier of `appendfsync always`: replies to a group of commands that may have
 /// written wait until the AOF's fsync covers every effect logged before this call, theirs
 /// among them. If the AOF cannot make them durable, the group's replies become errors:
@@ -249,6 +259,7 @@ const UNIT_MAX: usize = 64;
 /// in between. Such a group would otherwise cost a round trip per run for `target`.
 fn look_ahead(
     sess: &Session,
+    first: &Command,
     target: usize,
     units: bool,
     iter: &mut impl Iterator<Item = Vec<Bytes>>,
@@ -256,15 +267,19 @@ fn look_ahead(
     passes: &mut SessionPasses,
 ) -> (usize, usize) {
     let here = sess.worker.id;
-    // Keyspace events carry no position: a unit's would reach subscribers out of order.
-    let units = units
-        && sess
-            .worker
-            .shared
-            .tunables
-            .notify_flags
-            .load(Ordering::Relaxed)
-            == 0;
+    let shared = &sess.worker.shared;
+    // Keyspace events carry no position, nor do other clients' invalidations: a unit's
+    // would reach subscribers and caches out of order (the other part's a round trip
+    // before those of this shard's earlier commands).
+    let mut units = units
+        && may_join_unit(first)
+        && shared.tunables.notify_flags.load(Ordering::Relaxed) == 0
+        && !crate::tracking::any(shared);
+    // The other part's effects reach the AOF and the replication stream a round trip
+    // before this shard's: with writes on both sides, a replica or a truncated AOF could
+    // show a later write without an earlier one. Writes on one side only keep the order.
+    let one_side_writes = shared.persist.aof.is_on();
+    let (mut wrote_here, mut wrote_there) = (false, may_write(first));
     let (mut run, mut unit) = (0, 0);
     let mut in_run = true;
     let mut i = 0;
@@ -281,20 +296,38 @@ fn look_ahead(
         }
         let (args, cmd, memo) = &mut ahead[i];
         let t = plain_target(sess, *cmd, args, memo, passes);
+        let writes = cmd.is_some_and(may_write);
         if t == Some(target) {
             if in_run {
                 run += 1;
+                units &= cmd.is_some_and(may_join_unit);
+            } else if (one_side_writes && writes && wrote_here) || !cmd.is_some_and(may_join_unit) {
+                break;
             } else {
                 unit = i + 1;
             }
-        } else if t == Some(here) && units && i + 2 < UNIT_MAX {
+            wrote_there |= writes;
+        } else if t == Some(here)
+            && units
+            && i + 2 < UNIT_MAX
+            && cmd.is_some_and(may_join_unit)
+            && !(one_side_writes && writes && wrote_there)
+        {
             in_run = false;
+            wrote_here |= writes;
         } else {
             break;
         }
         i += 1;
     }
     (run, unit)
+}
+
+/// MOVE and COPY ... DB fill a key of another database, where a client blocked on keys of
+/// both shards is not looked for (`hold_unit_keys`, `shard::may_run_whole`): they end a
+/// unit.
+fn may_join_unit(cmd: &Command) -> bool {
+    !matches!(cmd.name, "move" | "copy")
 }
 
 /// Keys of this thread's shard that a unit holds for its round trip, let go when
@@ -351,8 +384,8 @@ fn hold_unit_keys(sess: &Session, ahead: &VecDeque<Looked>, unit: usize) -> Opti
 /// shard's part has run; the other part runs all at once or not at all (`Batch::whole`),
 /// never waiting for a lock, so no two units (or a unit and a transaction) can wait for
 /// each other. Then this shard's commands run, and the replies are written in the
-/// group's order. If the other shard refused (a key of it held, queued for or waited on),
-/// nothing ran: the commands go back to the front of `ahead`, `first` first, and the
+/// group's order. If the other shard refused (a key of it held, queued for or waited on,
+/// or a script running there), nothing ran: the commands go back to the front of `ahead`, `first` first, and the
 /// result is false.
 async fn run_unit(
     sess: &mut Session,
@@ -405,16 +438,9 @@ async fn run_unit(
     let mut ends = result.ends.iter();
     let mut start = 0;
     for (i, is_local) in order.into_iter().enumerate() {
-        // The first was counted when the group's loop took it.
-        if i > 0 {
-            sess.unflushed_replies += 1;
-        }
         if is_local {
             let (cmd, args) = local.next().expect("counted");
-            if may_write(cmd) {
-                sess.unflushed_write = true;
-                sess.wrote_since_wait = true;
-            }
+            count_reply(sess, Some(cmd));
             let f = cmd.exec_fn().expect("inline commands run on a shard");
             moves.extend(commands::run_here(sess, cmd, f, &args));
             sess.note_command(cmd, &args);
@@ -422,9 +448,9 @@ async fn run_unit(
             sess.spare_args.give(args);
         } else {
             let (cmd, args) = remote.next().expect("counted");
-            if may_write(cmd) {
-                sess.unflushed_write = true;
-                sess.wrote_since_wait = true;
+            // The first was counted when the group's loop took it.
+            if i > 0 {
+                count_reply(sess, Some(cmd));
             }
             let end = *ends.next().expect("one end per command");
             sess.out.buf.extend_from_slice(&result.out.buf[start..end]);
@@ -467,11 +493,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             passes = None;
             crate::commands::connection::wait_if_paused(sess, &args).await;
         }
-        sess.unflushed_replies += 1;
-        if cmd.is_some_and(may_write) {
-            sess.unflushed_write = true;
-            sess.wrote_since_wait = true;
-        }
+        count_reply(sess, cmd);
         let plain = plain_target(sess, cmd, &args, &mut memo, &mut passes);
         // A plain command for this thread's shard, or a blocking pop that may be served
         // at once, runs inline.
@@ -510,7 +532,8 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
         }
         if let Some(target) = plain.filter(|&t| t != sess.worker.id) {
             let cmd = cmd.expect("squashable commands are known");
-            let (run, unit) = look_ahead(sess, target, units, &mut iter, &mut ahead, &mut passes);
+            let (run, unit) =
+                look_ahead(sess, cmd, target, units, &mut iter, &mut ahead, &mut passes);
             if unit > 0 {
                 if let Some(held) = hold_unit_keys(sess, &ahead, unit) {
                     passes = None;
@@ -534,11 +557,7 @@ pub(crate) async fn run_group(sess: &mut Session, cmds: impl Iterator<Item = Vec
             for _ in 0..run {
                 let (args, c, _) = ahead.pop_front().expect("looked ahead");
                 let c = c.expect("squashable commands are known");
-                sess.unflushed_replies += 1;
-                if may_write(c) {
-                    sess.unflushed_write = true;
-                    sess.wrote_since_wait = true;
-                }
+                count_reply(sess, Some(c));
                 sess.note_command(c, &args);
                 batch.push_back((c, args));
             }

@@ -294,17 +294,7 @@ mod tests {
     fn result(text: &[u8]) -> BatchResult {
         let mut out = Reply::new(false);
         out.buf.extend_from_slice(text);
-        BatchResult {
-            out,
-            events: Vec::new(),
-            aborted: false,
-            rest: Cmds::new(),
-            spent: Cmds::new(),
-            settle: Vec::new(),
-            slow: Vec::new(),
-            refused: false,
-            ends: Vec::new(),
-        }
+        BatchResult::new(out, Cmds::new(), Vec::new())
     }
 
     fn poll(answer: &mut Answer, waker: &Waker) -> Poll<Option<BatchResult>> {

@@ -88,7 +88,7 @@ impl LockTable {
         self.tx_idle() && self.unit_held.is_empty()
     }
 
-    /// No transaction holds or waits for anything here (units may hold keys).
+    /// No transaction holds anything here and no work waits (units may hold keys).
     #[inline]
     pub fn tx_idle(&self) -> bool {
         self.all_held == 0 && self.held.is_empty() && self.queue.is_empty()
@@ -191,11 +191,6 @@ impl LockTable {
             }
         }
         self.granted_total += 1;
-    }
-
-    /// Whether any work waits in the queue.
-    pub fn has_waiters(&self) -> bool {
-        !self.queue.is_empty()
     }
 
     /// Takes the locks now if they are free, else queues the request; `grant` fires when

@@ -1187,6 +1187,24 @@ pub struct BatchResult {
     pub ends: Vec<usize>,
 }
 
+impl BatchResult {
+    /// Replies `out` of the commands `spent`, with nothing else to report; a caller with
+    /// more to say sets it over this.
+    pub fn new(out: Reply, spent: hops::Cmds, slow: Vec<SlowEntry>) -> BatchResult {
+        BatchResult {
+            out,
+            events: Vec::new(),
+            aborted: false,
+            rest: VecDeque::new(),
+            spent,
+            settle: Vec::new(),
+            slow,
+            refused: false,
+            ends: Vec::new(),
+        }
+    }
+}
+
 /// Waits until the blocked moves a command set off have landed.
 pub async fn settle(pending: Vec<oneshot::Receiver<()>>) {
     for p in pending {
@@ -1369,7 +1387,9 @@ pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail
 }
 
 /// Runs a batch on this thread's shard, stopping at the first command whose keys are
-/// locked; the rest waits in the lock queue and resumes when the keys are free.
+/// locked; the rest waits in the lock queue and resumes when the keys are free. A
+/// `whole` batch instead runs all at once, or not at all if any of its keys is taken
+/// (`may_run_whole`).
 pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     let atomic = batch.atomic.is_some();
     let mut shard = worker.shard.borrow_mut();
@@ -1392,21 +1412,11 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     if let Some(check) = batch.atomic.take() {
         if check.broken(&shard, batch.client_id, unix_ms()) {
             drop(shard);
-            worker.shared.answer_batch(
-                batch.from,
-                batch.done,
-                BatchResult {
-                    out: batch.out,
-                    events: Vec::new(),
-                    aborted: true,
-                    rest: VecDeque::new(),
-                    spent: batch.cmds,
-                    settle: Vec::new(),
-                    slow: Vec::new(),
-                    refused: false,
-                    ends: Vec::new(),
-                },
-            );
+            let result = BatchResult {
+                aborted: true,
+                ..BatchResult::new(batch.out, batch.cmds, Vec::new())
+            };
+            worker.shared.answer_batch(batch.from, batch.done, result);
             return;
         }
     }
@@ -1435,7 +1445,9 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             after_command_into(worker, sink);
             shard = worker.shard.borrow_mut();
         }
-        if !atomic && !shard.locks.is_idle() {
+        // A whole batch found every key free before its first command, and nothing here
+        // yields: it must not stop halfway (its connection would run the first part again).
+        if !atomic && !batch.whole && !shard.locks.is_idle() {
             let keys = cmd.key_positions(args);
             let write = cmd.has(crate::commands::flags::WRITE);
             if !shard
@@ -1528,16 +1540,10 @@ fn may_run_whole(shard: &Shard, batch: &Batch) -> bool {
 
 /// Answers a `whole` batch that did not run: its commands go back, untouched.
 pub fn refuse(worker: &Worker, batch: Batch) {
+    debug_assert_eq!(batch.ran, 0, "a refused batch ran nothing");
     let result = BatchResult {
-        out: batch.out,
-        events: Vec::new(),
-        aborted: false,
-        rest: VecDeque::new(),
-        spent: batch.cmds,
-        settle: Vec::new(),
-        slow: batch.slow,
         refused: true,
-        ends: Vec::new(),
+        ..BatchResult::new(batch.out, batch.cmds, batch.slow)
     };
     worker.shared.answer_batch(batch.from, batch.done, result);
 }
