@@ -922,15 +922,43 @@ pub async fn remember_spread_keys(sess: &Session, cmd: &Command, args: &[Bytes],
 /// one does: it must then wait in the lock queue). The events and blocked clients it
 /// leaves are served before returning; the blocked moves it set off are returned, for
 /// the connection to wait for before it answers.
+#[inline]
 pub fn run_here_if_free(
     sess: &mut Session,
     cmd: &'static Command,
     f: ExecFn,
     args: &[Bytes],
 ) -> Option<Vec<tokio::sync::oneshot::Receiver<()>>> {
-    {
-        let shard = sess.worker.shard.borrow();
-        if !shard.locks.is_idle() {
+    run_here_checked(sess, cmd, f, args, true)
+}
+
+/// `run_here_if_free` without the lock check: for a command whose keys the caller holds
+/// (`server::dispatch::run_unit`).
+#[inline]
+pub fn run_here(
+    sess: &mut Session,
+    cmd: &'static Command,
+    f: ExecFn,
+    args: &[Bytes],
+) -> Vec<tokio::sync::oneshot::Receiver<()>> {
+    run_here_checked(sess, cmd, f, args, false).expect("not checked, so run")
+}
+
+/// Both of the above, each with `check_locks` constant once inlined, so the inline path
+/// of every request keeps one borrow of the shard and one call.
+#[inline(always)]
+fn run_here_checked(
+    sess: &mut Session,
+    cmd: &'static Command,
+    f: ExecFn,
+    args: &[Bytes],
+    check_locks: bool,
+) -> Option<Vec<tokio::sync::oneshot::Receiver<()>>> {
+    let worker = sess.worker.clone();
+    let reader = sess.reader();
+    let pending = {
+        let mut shard = worker.shard.borrow_mut();
+        if check_locks && !shard.locks.is_idle() {
             let pos = cmd.key_positions(args);
             let write = cmd.has(flags::WRITE);
             if !shard
@@ -940,22 +968,6 @@ pub fn run_here_if_free(
                 return None;
             }
         }
-    }
-    Some(run_here(sess, cmd, f, args))
-}
-
-/// `run_here_if_free` without the lock check: for a command whose keys the caller holds
-/// (`server::dispatch::run_unit`) or knows to be free.
-pub fn run_here(
-    sess: &mut Session,
-    cmd: &'static Command,
-    f: ExecFn,
-    args: &[Bytes],
-) -> Vec<tokio::sync::oneshot::Receiver<()>> {
-    let worker = sess.worker.clone();
-    let reader = sess.reader();
-    let pending = {
-        let mut shard = worker.shard.borrow_mut();
         shard.stats.inline += 1;
         shard.current = reader;
         let handle = &sess.handle;
@@ -976,11 +988,11 @@ pub fn run_here(
         shard.blocking.has_ready() || !shard.events.is_empty() || shard.tracking.has_pending()
     };
     if !pending {
-        return Vec::new();
+        return Some(Vec::new());
     }
     crate::shard::after_command(&worker);
     let moves = std::mem::take(&mut worker.shard.borrow_mut().settling);
-    moves
+    Some(moves)
 }
 
 /// Runs a keyed command on shard `target`: inline when that is this thread and its keys
