@@ -385,8 +385,8 @@ fn hold_unit_keys(sess: &Session, ahead: &VecDeque<Looked>, unit: usize) -> Opti
 /// never waiting for a lock, so no two units (or a unit and a transaction) can wait for
 /// each other. Then this shard's commands run, and the replies are written in the
 /// group's order. If the other shard refused (a key of it held, queued for or waited on,
-/// or a script running there), nothing ran: the commands go back to the front of `ahead`, `first` first, and the
-/// result is false.
+/// or a script running there), nothing ran: the commands go back to the front of
+/// `ahead`, `first` first, and the result is false.
 async fn run_unit(
     sess: &mut Session,
     target: usize,
