@@ -180,9 +180,9 @@ impl hashbrown::Equivalent<WaitKey> for (usize, &[u8]) {
 
 /// An unordered set of keys, as a wait group knows it: two sums of seeded hashes of its
 /// keys (so the order they are named in does not matter) and their count. Two sets with
-/// equal fingerprints are taken to be the same set, without comparing keys: foldhash with
-/// two seeds drawn at start-up, so sets not chosen against those seeds collide with
-/// probability about 2^-128 (docs/event-loop.md).
+/// equal fingerprints are taken to be the same set, without comparing keys: two hashes
+/// under secret seeds drawn at start-up (`key_hashes`), so sets not chosen against those
+/// seeds collide with probability about 2^-128 (docs/event-loop.md).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
 pub struct SetPrint {
     a: u64,
@@ -192,16 +192,69 @@ pub struct SetPrint {
 
 impl SetPrint {
     pub fn add(&mut self, key: &[u8]) {
-        use std::hash::BuildHasher;
-        static SEEDS: std::sync::OnceLock<(
-            hashbrown::DefaultHashBuilder,
-            hashbrown::DefaultHashBuilder,
-        )> = std::sync::OnceLock::new();
-        let (sa, sb) = SEEDS.get_or_init(Default::default);
-        self.a = self.a.wrapping_add(sa.hash_one(key));
-        self.b = self.b.wrapping_add(sb.hash_one(key));
+        let (a, b) = key_hashes(key);
+        self.a = self.a.wrapping_add(a);
+        self.b = self.b.wrapping_add(b);
         self.n += 1;
     }
+}
+
+/// Two independent seeded 64-bit hashes of `key`, in one pass over its bytes: foldhash's
+/// step (a 64x64->128-bit multiply whose halves are folded together by xor) run in two
+/// lanes with their own secret seeds. Every BRPOP over a known key set hashes each of its
+/// keys for the fingerprint; two calls of foldhash per key cost about 110 instructions,
+/// twice this, because each call also builds its hasher, hashes the length as a word of
+/// its own and finishes alone.
+fn key_hashes(key: &[u8]) -> (u64, u64) {
+    static SEEDS: std::sync::OnceLock<[u64; 6]> = std::sync::OnceLock::new();
+    let s = SEEDS.get_or_init(|| {
+        use std::hash::BuildHasher;
+        // std's RandomState is keyed from the operating system's randomness.
+        let random = std::collections::hash_map::RandomState::new();
+        std::array::from_fn(|i| random.hash_one(i as u64))
+    });
+    #[inline(always)]
+    fn fold(x: u64, y: u64) -> u64 {
+        let p = u128::from(x) * u128::from(y);
+        (p as u64) ^ ((p >> 64) as u64)
+    }
+    #[inline(always)]
+    fn word(b: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+    }
+    #[inline(always)]
+    fn half(b: &[u8], at: usize) -> u64 {
+        u64::from(u32::from_le_bytes(
+            b[at..at + 4].try_into().expect("four bytes"),
+        ))
+    }
+    let len = key.len();
+    let (mut a, mut b) = (s[0] ^ len as u64, s[1] ^ len as u64);
+    let mut mix = |lo: u64, hi: u64| {
+        a = fold(lo ^ s[2], hi ^ a);
+        b = fold(lo ^ s[3], hi ^ b);
+    };
+    // With the length in the lanes' start, the words below determine the key: short keys
+    // are read as two overlapping words that cover every byte, longer ones by 16 bytes
+    // and a last 16 that may overlap the one before.
+    match len {
+        0 => mix(0, 0),
+        1..=3 => mix(
+            u64::from(key[0]) << 16 | u64::from(key[len / 2]) << 8 | u64::from(key[len - 1]),
+            0,
+        ),
+        4..=7 => mix(half(key, 0), half(key, len - 4)),
+        8..=16 => mix(word(key, 0), word(key, len - 8)),
+        _ => {
+            let mut at = 0;
+            while at + 16 < len {
+                mix(word(key, at), word(key, at + 8));
+                at += 16;
+            }
+            mix(word(key, len - 16), word(key, len - 8));
+        }
+    }
+    (fold(a, s[4]), fold(b, s[5]))
 }
 
 type SlotId = u32;
@@ -1021,9 +1074,13 @@ enum Tried {
     },
     /// Registered (or, when not registering, nothing to take).
     Waiting,
-    /// Asked by fingerprint alone, this shard does not know the set or some of its keys
-    /// hold something: ask again with the keys. Nothing was registered here.
+    /// Asked by fingerprint alone, this shard does not know the set: ask again with the
+    /// keys. Nothing was registered here.
     NeedKeys,
+    /// Asked by fingerprint alone, these of the shard's keys hold something (`true`: of
+    /// the wrong type). Which comes first depends on the call's order of its keys, which
+    /// only the connection has. Nothing was registered here.
+    FoundKeys(Vec<(Bytes, bool)>),
 }
 
 /// What a connection remembers of the key set of its last blocked call: the set's
@@ -1063,6 +1120,23 @@ struct PartCall {
 }
 
 /// Positions of the keys in `found` (slot keys) among `keys`, first occurrence each.
+/// The first of `keys` (a call's keys in argument order) that is among `holding`, with
+/// its wrong-type flag.
+fn earliest_of(keys: &[Bytes], holding: &[(Bytes, bool)]) -> Option<(usize, bool)> {
+    if holding.len() <= 8 {
+        return keys.iter().enumerate().find_map(|(i, k)| {
+            holding
+                .iter()
+                .find(|(h, _)| h == k)
+                .map(|&(_, wrong)| (i, wrong))
+        });
+    }
+    let at: hashbrown::HashMap<&[u8], bool> = holding.iter().map(|(k, w)| (&k[..], *w)).collect();
+    keys.iter()
+        .enumerate()
+        .find_map(|(i, k)| at.get(&k[..]).map(|&wrong| (i, wrong)))
+}
+
 fn positions_of(keys: &KeyList, found: &[Bytes]) -> Vec<usize> {
     if found.len() <= 8 {
         return found
@@ -1142,8 +1216,29 @@ fn try_or_register(w: &Rc<Worker>, call: PartCall) -> Tried {
     }
     let mut waits_for_lock = false;
     if !found.is_empty() && keys.len() == 0 {
-        // Which comes first depends on this call's order of the keys.
-        return Tried::NeedKeys;
+        if mode == Mode::ServeOrRegister && found.len() == 1 {
+            // Every key of the call is here and only one holds anything: it comes first
+            // in any order, so it is served now, without a second round trip.
+            let (key, data) = &found[0];
+            if *data == Data::WrongType {
+                return Tried::WrongType;
+            }
+            if !blocked_by_locks(&sh, key, &op) && !matches!(*op, BlockOp::ListMoveAcross { .. }) {
+                if claim
+                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    return Tried::Waiting;
+                }
+                return Tried::Served(perform(&mut sh, db, key, &op, resp3));
+            }
+        }
+        return Tried::FoundKeys(
+            found
+                .into_iter()
+                .map(|(k, d)| (k, d == Data::WrongType))
+                .collect(),
+        );
     }
     if !found.is_empty() {
         let names: Vec<Bytes> = found.iter().map(|(k, _)| k.clone()).collect();
@@ -1426,16 +1521,61 @@ pub async fn block(
             .map(|&(shard, print)| (shard, call(KeyList::default(), print, mode)))
             .collect();
         let mut need = Vec::new();
+        let mut holding: Vec<(Bytes, bool)> = Vec::new();
+        let mut unknown = false;
         for ((shard, _), tried) in plan.iter().zip(ask_all(&worker, asks).await) {
             match tried {
                 Tried::Waiting => {}
-                // Keyless asks neither serve nor fail: they need the keys for that.
-                _ => need.push(*shard),
+                // Only an ask of the whole call serves or fails (`try_or_register`).
+                Tried::Served(d) => return Outcome::Served(d.reply),
+                Tried::WrongType => {
+                    claim.store(true, Ordering::Release);
+                    return Outcome::Error(WRONGTYPE);
+                }
+                // The connection decides which key comes first, or asks again with the
+                // keys.
+                Tried::FoundKeys(list) => {
+                    holding.extend(list);
+                    need.push(*shard);
+                }
+                _ => {
+                    unknown = true;
+                    need.push(*shard);
+                }
             }
         }
         if need.is_empty() || claim.load(Ordering::Acquire) {
             drop(tx);
             return finish_waiting(sess, &mut rx, &claim, timeout).await;
+        }
+        // Every shard that did not register said which of its keys hold something: serve
+        // from the earliest in this call's order, as Redis does, without sending the keys
+        // (a queue that is seldom empty meets this on most calls). Anything else (a shard
+        // that lost the set, the element gone meanwhile, a key held by a transaction)
+        // goes the long way below.
+        if !unknown {
+            if let Some((pos, wrong)) = earliest_of(keys, &holding) {
+                if wrong {
+                    if claim
+                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Outcome::Error(WRONGTYPE);
+                    }
+                    drop(tx);
+                    return finish_waiting(sess, &mut rx, &claim, timeout).await;
+                }
+                let key = &keys[pos];
+                let c = call(
+                    KeyList::of([&key[..]]),
+                    SetPrint::default(),
+                    Mode::ServeOnly,
+                );
+                let tried = hop(&worker, worker.shard_of(key), move |w| try_part(w, c)).await;
+                if let Tried::Served(d) = tried {
+                    return Outcome::Served(d.reply);
+                }
+            }
         }
         again = Some(need);
     }
@@ -1475,7 +1615,7 @@ pub async fn block(
                 return Outcome::Error(WRONGTYPE);
             }
             Tried::Found { index, wrong } => found.push((parts[i].positions[index], i, wrong)),
-            Tried::Waiting | Tried::NeedKeys => {}
+            Tried::Waiting | Tried::NeedKeys | Tried::FoundKeys(_) => {}
         }
     }
 
@@ -1519,7 +1659,7 @@ pub async fn block(
                         return Outcome::Error(WRONGTYPE);
                     }
                 }
-                Tried::Found { .. } | Tried::Waiting | Tried::NeedKeys => {}
+                Tried::Found { .. } | Tried::Waiting | Tried::NeedKeys | Tried::FoundKeys(_) => {}
             }
         }
     }
@@ -1759,6 +1899,40 @@ mod tests {
             resp3: false,
             deliver: Deliver { tx, home: 0 },
         })
+    }
+
+    #[test]
+    fn key_hashes_see_every_byte_and_prints_ignore_order() {
+        // A change to any one byte of a key, at any length around the reads' edges,
+        // changes both hashes.
+        for len in 0..=40usize {
+            let base: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let (a0, b0) = key_hashes(&base);
+            for at in 0..len {
+                let mut k = base.clone();
+                k[at] ^= 0x01;
+                let (a, b) = key_hashes(&k);
+                assert!(a != a0 && b != b0, "len {len}, byte {at}");
+            }
+            // A key one byte longer (with a zero byte) is another key.
+            let mut longer = base.clone();
+            longer.push(0);
+            assert_ne!(key_hashes(&longer), (a0, b0), "len {len} and a zero byte");
+        }
+        let keys: Vec<String> = (0..234).map(|i| format!("queue:{i}")).collect();
+        let print = |order: &mut dyn Iterator<Item = &String>| {
+            let mut p = SetPrint::default();
+            for k in order {
+                p.add(k.as_bytes());
+            }
+            p
+        };
+        let forward = print(&mut keys.iter());
+        assert_eq!(forward, print(&mut keys.iter().rev()));
+        assert_ne!(forward, print(&mut keys.iter().skip(1)));
+        let mut other = keys.clone();
+        other[117] = "queue:x".into();
+        assert_ne!(forward, print(&mut other.iter()));
     }
 
     fn group(t: &mut BlockTable, keys: &[&str]) -> Rc<[SlotId]> {
