@@ -1705,3 +1705,97 @@ mod scenarios {
         );
     }
 }
+
+/// Round trips to other threads (INFO `hops`) that `run` costs, less what `admin`'s own
+/// INFO costs (it asks every thread). `setup` runs before each try, outside the count.
+/// The least of the tries, so that a hop of a background task during one of them does
+/// not count.
+fn hops_of(
+    admin: &mut Client,
+    mut setup: impl FnMut(&mut Client),
+    mut run: impl FnMut(),
+    tries: usize,
+) -> i64 {
+    let hops = |admin: &mut Client| -> i64 {
+        common::info_field(admin, "transactions", "hops")
+            .parse()
+            .unwrap()
+    };
+    let mut least = i64::MAX;
+    for _ in 0..tries {
+        setup(admin);
+        let h0 = hops(admin);
+        let h1 = hops(admin);
+        run();
+        let h2 = hops(admin);
+        least = least.min((h2 - h1) - (h1 - h0));
+    }
+    least
+}
+
+/// A consumer re-blocking on a key set it blocked on before, whose keys hold something on
+/// both threads, is served from the first of them in its call's order after one round
+/// trip to ask and at most one to take: the threads name their keys that hold something,
+/// instead of asking for the call's keys to be sent again (which took three round trips
+/// when the first key was on the other thread). Redis-level behaviour is pinned by the
+/// scenarios above; this pins the cost of the common case of a busy consumer.
+#[test]
+fn a_known_set_holding_data_is_served_without_sending_the_keys_again() {
+    if common::kite_is_redis() {
+        return;
+    }
+    let s = KiteServer::start(&[], 2);
+    // Keys 0 and 2 on one thread, 1 and 3 on the other.
+    let keys = spread_keys("known:", 4);
+    let mut c = s.client();
+    let mut admin = s.client();
+    for side in [0usize, 1] {
+        // The first key holding data in the measured call's order is on one thread
+        // (`side`), a later one on the other thread, and the two empty keys in between.
+        let (first, later, empty) = if side == 0 {
+            (0, 3, [2, 1])
+        } else {
+            (1, 2, [3, 0])
+        };
+        let order: Vec<&str> = [first, empty[0], empty[1], later]
+            .iter()
+            .map(|&i| keys[i].as_str())
+            .collect();
+        // The set becomes known: a call that blocks, then is served by a push.
+        let mut call: Vec<&str> = vec!["BRPOP"];
+        call.extend(keys.iter().map(|k| k.as_str()));
+        call.push("10");
+        c.send(&call);
+        wait_blocked(&mut admin, 1, "learning the set");
+        admin.cmd(&["LPUSH", &keys[later], "wake"]);
+        assert_eq!(
+            read_reply(&mut c, "the learning call"),
+            pair(&keys[later], "wake")
+        );
+        admin.cmd(&["LPUSH", &keys[later], "b"]);
+        let mut served = Vec::new();
+        // Measured: the same set again, in another order, with data on both threads.
+        let hops = hops_of(
+            &mut admin,
+            |admin| {
+                admin.cmd(&["LPUSH", &keys[first], "a"]);
+            },
+            || {
+                let mut call: Vec<&str> = vec!["BRPOP"];
+                call.extend(order.iter().copied());
+                call.push("10");
+                served.push(c.cmd(&call));
+            },
+            3,
+        );
+        for r in &served {
+            assert_eq!(r, &pair(&keys[first], "a"), "order {order:?}");
+        }
+        assert!(
+            hops <= 2,
+            "re-blocking on a known set with data on both threads took {hops} round trips \
+             (first key holding data on side {side})"
+        );
+        admin.cmd(&["DEL", &keys[0], &keys[1], &keys[2], &keys[3]]);
+    }
+}
