@@ -1097,7 +1097,8 @@ pub struct LastBlock {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// All the call's keys are here: serve from the first that holds something, else
-    /// register.
+    /// register. Asked by fingerprint alone, with several keys holding something, it can
+    /// only name them (`Tried::FoundKeys`): which is first is the call's order.
     ServeOrRegister,
     /// Other shards hold keys too: report the first key holding something without
     /// taking it (the call's earliest such key, on whichever shard, is the one to serve),
@@ -1119,7 +1120,6 @@ struct PartCall {
     mode: Mode,
 }
 
-/// Positions of the keys in `found` (slot keys) among `keys`, first occurrence each.
 /// The first of `keys` (a call's keys in argument order) that is among `holding`, with
 /// its wrong-type flag.
 fn earliest_of(keys: &[Bytes], holding: &[(Bytes, bool)]) -> Option<(usize, bool)> {
@@ -1137,6 +1137,7 @@ fn earliest_of(keys: &[Bytes], holding: &[(Bytes, bool)]) -> Option<(usize, bool
         .find_map(|(i, k)| at.get(&k[..]).map(|&wrong| (i, wrong)))
 }
 
+/// Positions of the keys in `found` (slot keys) among `keys`, first occurrence each.
 fn positions_of(keys: &KeyList, found: &[Bytes]) -> Vec<usize> {
     if found.len() <= 8 {
         return found
@@ -1156,6 +1157,8 @@ fn positions_of(keys: &KeyList, found: &[Bytes]) -> Vec<usize> {
 
 /// Tries a call's part on this shard, as `call.mode` says: serves it at once from the
 /// first key in argument order that holds something, or registers a waiter on every key.
+/// Asked by fingerprint alone, a shard whose keys hold something names them instead
+/// (`Tried::FoundKeys`), unless it can tell which comes first without the call's order.
 fn try_or_register(w: &Rc<Worker>, call: PartCall) -> Tried {
     let PartCall {
         db,
@@ -1553,7 +1556,9 @@ pub async fn block(
         // (a queue that is seldom empty meets this on most calls). Anything else (a shard
         // that lost the set, the element gone meanwhile, a key held by a transaction)
         // goes the long way below.
-        if !unknown {
+        // A move across shards is never served by a ServeOnly ask: it takes the long way.
+        let movable = !matches!(*op, BlockOp::ListMoveAcross { .. });
+        if !unknown && movable {
             if let Some((pos, wrong)) = earliest_of(keys, &holding) {
                 if wrong {
                     if claim
@@ -1576,6 +1581,11 @@ pub async fn block(
                     return Outcome::Served(d.reply);
                 }
             }
+        }
+        if claim.load(Ordering::Acquire) {
+            // A thread that registered served the call meanwhile.
+            drop(tx);
+            return finish_waiting(sess, &mut rx, &claim, timeout).await;
         }
         again = Some(need);
     }
