@@ -1501,6 +1501,14 @@ pub async fn block(
         },
         mode,
     };
+    // An ask to serve the call from one key alone.
+    let only = |key: &Bytes| {
+        call(
+            KeyList::of([&key[..]]),
+            SetPrint::default(),
+            Mode::ServeOnly,
+        )
+    };
     let mut whole = SetPrint::default();
     for k in keys {
         whole.add(k);
@@ -1571,14 +1579,8 @@ pub async fn block(
                     return finish_waiting(sess, &mut rx, &claim, timeout).await;
                 }
                 let key = &keys[pos];
-                let c = call(
-                    KeyList::of([&key[..]]),
-                    SetPrint::default(),
-                    Mode::ServeOnly,
-                );
-                let tried = hop(&worker, worker.shard_of(key), move |w| try_part(w, c)).await;
-                if let Tried::Served(d) = tried {
-                    return Outcome::Served(d.reply);
+                if let Some(reply) = take_one(&worker, key, only(key)).await {
+                    return Outcome::Served(reply);
                 }
             }
         }
@@ -1642,14 +1644,8 @@ pub async fn block(
             }
         } else {
             let key = &keys[pos as usize];
-            let c = call(
-                KeyList::of([&key[..]]),
-                SetPrint::default(),
-                Mode::ServeOnly,
-            );
-            let tried = hop(&worker, worker.shard_of(key), move |w| try_part(w, c)).await;
-            if let Tried::Served(d) = tried {
-                return Outcome::Served(d.reply);
+            if let Some(reply) = take_one(&worker, key, only(key)).await {
+                return Outcome::Served(reply);
             }
         }
         for &(_, i, _) in &found {
@@ -1675,6 +1671,15 @@ pub async fn block(
     }
     drop(tx);
     finish_waiting(sess, &mut rx, &claim, timeout).await
+}
+
+/// Asks `key`'s thread to serve a call from that key alone (`Mode::ServeOnly`): the reply,
+/// or None if it holds nothing now, is locked, or the call was served elsewhere.
+async fn take_one(worker: &Rc<Worker>, key: &[u8], c: PartCall) -> Option<BytesMut> {
+    match hop(worker, worker.shard_of(key), move |w| try_part(w, c)).await {
+        Tried::Served(d) => Some(d.reply),
+        _ => None,
+    }
 }
 
 /// Waits for a registered call to be served or to end.
