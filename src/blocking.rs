@@ -314,6 +314,9 @@ pub struct BlockTable {
     /// next compaction.
     entries: usize,
     compact_at: usize,
+    /// Registrations made since start (INFO `blocking_registrations`): what a blocked
+    /// call costs this table, however many keys it names.
+    pub registrations: u64,
 }
 
 const MIN_COMPACT_AT: usize = 4096;
@@ -332,6 +335,7 @@ impl Default for BlockTable {
             ready: Vec::new(),
             entries: 0,
             compact_at: MIN_COMPACT_AT,
+            registrations: 0,
         }
     }
 }
@@ -527,6 +531,7 @@ impl BlockTable {
             self.slot_mut(id).queue.push_back(w.clone());
         }
         self.entries += slots.len();
+        self.registrations += slots.len() as u64;
         if self.entries > self.compact_at {
             self.compact();
         }

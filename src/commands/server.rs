@@ -62,7 +62,7 @@ pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
             st.net_input_bytes,
             st.net_output_bytes,
             st.evicted_keys,
-            0,
+            sh.blocking.registrations,
             st.scripts_fast,
             st.scripts_global,
             st.scripts_restarted,
@@ -418,7 +418,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\npipeline_units:{}\r\npipeline_units_refused:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\npipeline_units:{}\r\npipeline_units_refused:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\nblocking_registrations:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
@@ -443,6 +443,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
             loop_sum(|c| c.short_sends),
             loop_sum(|c| c.read_ahead_batches),
             loop_sum(|c| c.reads_ahead),
+            sum(17),
         );
     }
     // Sections end with a blank line; the reply ends after the last field.
