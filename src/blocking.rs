@@ -259,26 +259,34 @@ fn key_hashes(key: &[u8]) -> (u64, u64) {
 
 type SlotId = u32;
 
-/// A waited key: its registrations in blocking order, and what the wait groups know of
-/// it.
+/// A waited key: the wait groups naming it, and what is known of it.
 struct KeySlot {
     db: usize,
     key: Bytes,
-    queue: VecDeque<Rc<Waiter>>,
-    /// Wait groups naming this key; the slot lives while one does or a registration sits
-    /// in its queue.
-    groups: u32,
+    /// The groups naming this key, each with this slot's place in the group's `slots`, so
+    /// that a group leaving takes its entry out in constant time. The slot lives while
+    /// a group names it.
+    groups: Vec<(u32, u32)>,
+    /// How many of `groups` hold registrations, live or dead: a write marks the key
+    /// ready only when some do.
+    queued: u32,
     /// The key may hold something: raised by every write that can give it elements
     /// (`mark_ready`), lowered when a blocking call finds it does not exist.
     hint: bool,
 }
 
 /// What a shard remembers of one unordered key set blocked on before: the slots of its
-/// keys, so a call that blocks on the same set again registers without a lookup per key.
+/// keys, and the calls blocked on it now, so that a call blocking on the same set again
+/// registers once, whatever the number of keys.
 struct Group {
     db: usize,
     print: SetPrint,
+    /// The slots of the set's keys, each once.
     slots: Rc<[SlotId]>,
+    /// Each slot's entry's place in that slot's `groups`.
+    places: Vec<u32>,
+    /// Registrations in blocking order, each with its stamp (`BlockTable::next_stamp`).
+    queue: VecDeque<(u64, Rc<Waiter>)>,
     /// Used since the eviction hand last passed (a clock, approximating LRU).
     used: bool,
     /// When queue metrics last heard of these keys being blocked on.
@@ -286,17 +294,20 @@ struct Group {
 }
 
 /// Groups a shard keeps, and the keys they name in all (a group keeps a slot for each of
-/// its keys, waited on or not); past either, the least recently used give way.
+/// its keys, waited on or not); past either, the least recently used idle ones give way.
 const MAX_GROUPS: usize = 4096;
 const MAX_GROUP_KEYS: usize = 1 << 18;
 /// How often a known group's keys are reported to queue metrics as blocked on.
 const OBSERVE_EVERY_MS: u64 = 1000;
+/// `BlockTable::fronts` of a group with no registration.
+const NO_FRONT: u64 = u64::MAX;
 
-/// Registrations are removed lazily: a served, timed-out or departed call leaves its
-/// entries behind, they are skipped (and dropped) when met at the front of a queue, and
-/// a periodic compaction bounds the dead ones. So serving a call costs the same however
-/// many keys it waited on. Registering costs one push per key: the call's wait group
-/// (found by the set's fingerprint) already knows the keys' slots.
+/// A blocked call is registered once per shard, in the wait group of its part's key set
+/// (found by the set's fingerprint), whatever the number of keys. A key that gains
+/// elements serves, among the groups naming it, the registration with the least stamp:
+/// stamps come from one counter, so that is the call blocked first. Registrations are
+/// removed lazily: a served, timed-out or departed call leaves its entry behind, dropped
+/// when met at its group's front, and a periodic compaction bounds the dead ones.
 pub struct BlockTable {
     index: HashMap<WaitKey, SlotId>,
     slots: Vec<Option<KeySlot>>,
@@ -304,6 +315,10 @@ pub struct BlockTable {
     groups: HashMap<(usize, SetPrint), usize>,
     group_slab: Vec<Option<Group>>,
     free_groups: Vec<usize>,
+    /// The stamp at the front of each group's queue (`NO_FRONT` when empty), by group:
+    /// serving a key compares these, one per group naming it, in one dense array.
+    fronts: Vec<u64>,
+    next_stamp: u64,
     /// The clock hand of group eviction.
     hand: usize,
     /// Keys named by the groups, counted once per group.
@@ -330,6 +345,8 @@ impl Default for BlockTable {
             groups: HashMap::new(),
             group_slab: Vec::new(),
             free_groups: Vec::new(),
+            fronts: Vec::new(),
+            next_stamp: 1,
             hand: 0,
             group_keys: 0,
             ready: Vec::new(),
@@ -338,6 +355,10 @@ impl Default for BlockTable {
             registrations: 0,
         }
     }
+}
+
+fn claimed(w: &Waiter) -> bool {
+    w.claim.load(Ordering::Acquire)
 }
 
 impl BlockTable {
@@ -360,6 +381,14 @@ impl BlockTable {
         self.slots[id as usize].as_mut().expect("live slot")
     }
 
+    fn group(&self, g: usize) -> &Group {
+        self.group_slab[g].as_ref().expect("live group")
+    }
+
+    fn group_mut(&mut self, g: usize) -> &mut Group {
+        self.group_slab[g].as_mut().expect("live group")
+    }
+
     pub fn mark_ready(&mut self, db: usize, key: &[u8]) {
         if self.index.is_empty() {
             return;
@@ -369,7 +398,7 @@ impl BlockTable {
         };
         let slot = self.slots[id as usize].as_mut().expect("live slot");
         slot.hint = true;
-        if !slot.queue.is_empty() && !self.ready.iter().any(|(d, k)| *d == db && k == key) {
+        if slot.queued > 0 && !self.ready.iter().any(|(d, k)| *d == db && k == key) {
             self.ready.push((db, slot.key.clone()));
         }
     }
@@ -393,23 +422,41 @@ impl BlockTable {
         !self.ready.is_empty()
     }
 
+    fn live_in(&self, g: u32) -> impl Iterator<Item = &Rc<Waiter>> {
+        self.group(g as usize)
+            .queue
+            .iter()
+            .map(|(_, w)| w)
+            .filter(|w| !claimed(w))
+    }
+
     /// Clients blocked on `key` now (queue metrics' consumers).
     pub fn live_waiters(&self, db: usize, key: &[u8]) -> usize {
         self.index.get(&(db, key)).map_or(0, |&id| {
-            self.slot(id)
-                .queue
+            let slot = self.slot(id);
+            if slot.queued == 0 {
+                return 0;
+            }
+            slot.groups
                 .iter()
-                .filter(|w| !w.claim.load(Ordering::Acquire))
-                .count()
+                .map(|&(g, _)| self.live_in(g).count())
+                .sum()
         })
     }
 
-    /// Keys some client is blocked on (INFO's total_blocking_keys).
+    /// Keys some client is blocked on (INFO's total_blocking_keys). Each group's queue is
+    /// looked through once, not once per key it names.
     pub fn keys_count(&self) -> usize {
+        let live: Vec<bool> = self
+            .group_slab
+            .iter()
+            .enumerate()
+            .map(|(g, group)| group.is_some() && self.live_in(g as u32).next().is_some())
+            .collect();
         self.slots
             .iter()
             .flatten()
-            .filter(|s| s.queue.iter().any(|w| !w.claim.load(Ordering::Acquire)))
+            .filter(|s| s.queued > 0 && s.groups.iter().any(|&(g, _)| live[g as usize]))
             .count()
     }
 
@@ -423,8 +470,8 @@ impl BlockTable {
         let slot = KeySlot {
             db,
             key: key.clone(),
-            queue: VecDeque::new(),
-            groups: 0,
+            groups: Vec::new(),
+            queued: 0,
             hint: true,
         };
         let id = match self.free_slots.pop() {
@@ -441,10 +488,9 @@ impl BlockTable {
         id
     }
 
-    /// Drops a slot nothing holds any more.
+    /// Drops a slot no group names any more.
     fn release_slot_if_unused(&mut self, id: SlotId) {
-        let slot = self.slot(id);
-        if slot.groups > 0 || !slot.queue.is_empty() {
+        if !self.slot(id).groups.is_empty() {
             return;
         }
         let slot = self.slots[id as usize].take().expect("live slot");
@@ -455,52 +501,65 @@ impl BlockTable {
     /// The wait group known by `print`, if this shard still has it.
     fn known_group(&mut self, db: usize, print: SetPrint) -> Option<usize> {
         let g = *self.groups.get(&(db, print))?;
-        self.group_slab[g].as_mut().expect("live group").used = true;
+        self.group_mut(g).used = true;
         Some(g)
     }
 
     /// The wait group of `keys` (this shard's part of a call, any order) and whether it
-    /// was just made; makes it if new, giving way to the least recently used when full.
+    /// was just made; makes it if new, giving way to the least recently used idle ones
+    /// when full.
     fn group_for(&mut self, db: usize, print: SetPrint, keys: &KeyList) -> (usize, bool) {
-        if let Some(&g) = self.groups.get(&(db, print)) {
-            self.group_slab[g].as_mut().expect("live group").used = true;
+        if let Some(g) = self.known_group(db, print) {
             return (g, false);
         }
         while !self.groups.is_empty()
             && (self.groups.len() >= MAX_GROUPS || self.group_keys + keys.len() > MAX_GROUP_KEYS)
         {
-            self.evict_group();
+            if !self.evict_group() {
+                // Every group holds live registrations: those are bounded by the
+                // clients blocked, and are never dropped.
+                break;
+            }
         }
-        self.group_keys += keys.len();
-        let slots: Rc<[SlotId]> = keys.iter().map(|k| self.slot_for(db, k)).collect();
-        for &id in slots.iter() {
-            self.slot_mut(id).groups += 1;
-        }
+        let mut slots: Vec<SlotId> = keys.iter().map(|k| self.slot_for(db, k)).collect();
+        // A key named twice is one slot, listed once.
+        slots.sort_unstable();
+        slots.dedup();
+        let g = self.free_groups.pop().unwrap_or(self.group_slab.len());
+        let places: Vec<u32> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let slot = self.slot_mut(id);
+                slot.groups.push((g as u32, i as u32));
+                (slot.groups.len() - 1) as u32
+            })
+            .collect();
+        self.group_keys += slots.len();
         let group = Group {
             db,
             print,
-            slots,
+            slots: slots.into(),
+            places,
+            queue: VecDeque::new(),
             used: true,
             observed_ms: 0,
         };
-        let g = match self.free_groups.pop() {
-            Some(g) => {
-                self.group_slab[g] = Some(group);
-                g
-            }
-            None => {
-                self.group_slab.push(Some(group));
-                self.group_slab.len() - 1
-            }
-        };
+        if g == self.group_slab.len() {
+            self.group_slab.push(Some(group));
+            self.fronts.push(NO_FRONT);
+        } else {
+            self.group_slab[g] = Some(group);
+            self.fronts[g] = NO_FRONT;
+        }
         self.groups.insert((db, print), g);
         (g, true)
     }
 
-    /// Drops one group not used since the hand last passed it. Its registrations stay in
-    /// their keys' queues: only the shortcut to them goes.
-    fn evict_group(&mut self) {
-        loop {
+    /// Drops one group not used since the hand last passed it and holding no live
+    /// registration; false when a whole turn of the clock found none.
+    fn evict_group(&mut self) -> bool {
+        for _ in 0..2 * self.group_slab.len() + 1 {
             if self.hand >= self.group_slab.len() {
                 self.hand = 0;
             }
@@ -513,25 +572,83 @@ impl BlockTable {
                 group.used = false;
                 continue;
             }
+            self.drop_dead(g);
+            if !self.group(g).queue.is_empty() {
+                continue;
+            }
             let group = self.group_slab[g].take().expect("live group");
             self.groups.remove(&(group.db, group.print));
             self.free_groups.push(g);
+            self.fronts[g] = NO_FRONT;
             self.group_keys -= group.slots.len();
-            for &id in group.slots.iter() {
-                self.slot_mut(id).groups -= 1;
+            for (&id, &place) in group.slots.iter().zip(&group.places) {
+                let slot = self.slot_mut(id);
+                slot.groups.swap_remove(place as usize);
+                // The entry moved into the freed place tells its group where it went.
+                if let Some(&(h, at)) = slot.groups.get(place as usize) {
+                    self.group_mut(h as usize).places[at as usize] = place;
+                }
                 self.release_slot_if_unused(id);
             }
-            return;
+            return true;
+        }
+        false
+    }
+
+    /// Counts group `g` in (or out of) the `queued` of each of its keys' slots: its queue
+    /// just stopped (or started) being empty.
+    fn set_queued(&mut self, g: usize, queued: bool) {
+        let slots = self.group(g).slots.clone();
+        for &id in slots.iter() {
+            let slot = self.slot_mut(id);
+            if queued {
+                slot.queued += 1;
+            } else {
+                slot.queued -= 1;
+            }
         }
     }
 
-    /// Registers `w` on each of `slots`, in blocking order behind those already there.
-    fn add(&mut self, w: &Rc<Waiter>, slots: &[SlotId]) {
-        for &id in slots {
-            self.slot_mut(id).queue.push_back(w.clone());
+    /// Keeps `fronts` and the slots' `queued` true after `g`'s queue changed, given
+    /// whether it was empty before.
+    fn queue_changed(&mut self, g: usize, was_empty: bool) {
+        let front = self.group(g).queue.front().map_or(NO_FRONT, |e| e.0);
+        self.fronts[g] = front;
+        let empty = front == NO_FRONT;
+        if was_empty != empty {
+            self.set_queued(g, !empty);
         }
-        self.entries += slots.len();
-        self.registrations += slots.len() as u64;
+    }
+
+    /// Drops every dead registration of group `g`.
+    fn drop_dead(&mut self, g: usize) {
+        let group = self.group_mut(g);
+        let (was_empty, before) = (group.queue.is_empty(), group.queue.len());
+        group.queue.retain(|(_, w)| !claimed(w));
+        let dropped = before - group.queue.len();
+        if dropped > 0 {
+            self.entries -= dropped;
+            self.queue_changed(g, was_empty);
+        }
+    }
+
+    /// Registers `w` in group `g`, behind the calls already there. Dead registrations at
+    /// the group's front go first: a consumer served on another thread meets its own here
+    /// when it blocks again.
+    fn add(&mut self, w: &Rc<Waiter>, g: usize) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        let group = self.group_mut(g);
+        let was_empty = group.queue.is_empty();
+        let mut dropped = 0;
+        while group.queue.front().is_some_and(|(_, w)| claimed(w)) {
+            group.queue.pop_front();
+            dropped += 1;
+        }
+        group.queue.push_back((stamp, w.clone()));
+        self.entries = self.entries + 1 - dropped;
+        self.registrations += 1;
+        self.queue_changed(g, was_empty);
         if self.entries > self.compact_at {
             self.compact();
         }
@@ -540,55 +657,62 @@ impl BlockTable {
     /// Drops every dead registration; amortised over the registrations that grew the
     /// table to twice its live size.
     fn compact(&mut self) {
-        let mut live = 0;
-        let mut unused = Vec::new();
-        for (id, slot) in self.slots.iter_mut().enumerate() {
-            let Some(slot) = slot else { continue };
-            slot.queue.retain(|w| !w.claim.load(Ordering::Acquire));
-            live += slot.queue.len();
-            if slot.queue.is_empty() && slot.groups == 0 {
-                unused.push(id as SlotId);
+        for g in 0..self.group_slab.len() {
+            if self.group_slab[g].is_some() {
+                self.drop_dead(g);
             }
         }
-        for id in unused {
-            self.release_slot_if_unused(id);
-        }
-        self.entries = live;
-        self.compact_at = (2 * live).max(MIN_COMPACT_AT);
+        self.compact_at = (2 * self.entries).max(MIN_COMPACT_AT);
     }
 
-    /// The oldest live waiter on a key at or after position `from` of its queue, with its
-    /// position. From the front, claimed entries met there are dropped first; further in,
-    /// positions do not move, so a caller walking past waiters it cannot serve pays for
-    /// each entry once.
-    fn live_from(&mut self, db: usize, key: &Bytes, from: usize) -> Option<(usize, Rc<Waiter>)> {
-        if from == 0 {
-            return self.first_live(db, key).map(|w| (0, w));
+    /// The oldest live registration on a key with a stamp of at least `from`, with its
+    /// stamp. From 0, the fronts of the key's groups are compared, and dead ones met
+    /// there dropped; past that, the walk goes through the groups' queues (a caller
+    /// passing over waiters it cannot serve).
+    fn live_from(&mut self, db: usize, key: &[u8], from: u64) -> Option<(u64, Rc<Waiter>)> {
+        let id = *self.index.get(&(db, key))?;
+        if from > 0 {
+            let slot = self.slot(id);
+            return slot
+                .groups
+                .iter()
+                .filter_map(|&(g, _)| {
+                    self.group(g as usize)
+                        .queue
+                        .iter()
+                        .find(|(stamp, w)| *stamp >= from && !claimed(w))
+                })
+                .min_by_key(|(stamp, _)| *stamp)
+                .map(|(stamp, w)| (*stamp, w.clone()));
         }
-        let id = *self.index.get(&(db, &key[..]))?;
-        self.slot(id)
-            .queue
-            .iter()
-            .enumerate()
-            .skip(from)
-            .find(|(_, w)| !w.claim.load(Ordering::Acquire))
-            .map(|(at, w)| (at, w.clone()))
-    }
-
-    /// The oldest live waiter on a key, dropping claimed ones on the way.
-    fn first_live(&mut self, db: usize, key: &Bytes) -> Option<Rc<Waiter>> {
-        let id = *self.index.get(&(db, &key[..]))?;
-        let slot = self.slots[id as usize].as_mut().expect("live slot");
-        while let Some(w) = slot.queue.front() {
-            if w.claim.load(Ordering::Acquire) {
-                slot.queue.pop_front();
-                self.entries -= 1;
-            } else {
-                return Some(w.clone());
+        loop {
+            let slot = self.slot(id);
+            if slot.queued == 0 {
+                return None;
             }
+            let (stamp, g) = slot
+                .groups
+                .iter()
+                .map(|&(g, _)| (self.fronts[g as usize], g as usize))
+                .min()?;
+            if stamp == NO_FRONT {
+                return None;
+            }
+            let group = self.group_mut(g);
+            let (_, w) = group.queue.front().expect("a front");
+            if !claimed(w) {
+                return Some((stamp, w.clone()));
+            }
+            group.queue.pop_front();
+            self.entries -= 1;
+            self.queue_changed(g, false);
         }
-        self.release_slot_if_unused(id);
-        None
+    }
+
+    /// The oldest live registration on a key, dropping dead ones on the way.
+    #[cfg(test)]
+    fn first_live(&mut self, db: usize, key: &[u8]) -> Option<Rc<Waiter>> {
+        self.live_from(db, key, 0).map(|(_, w)| w)
     }
 }
 
@@ -901,19 +1025,19 @@ pub fn serve_ready(worker: &Rc<Worker>) {
         for (db, key) in ready {
             // Waiters passed over: they take another type than the key holds (or, reading
             // a stream, want entries newer than it has), and those behind them may still
-            // take what is there, as Redis serves them.
+            // take what is there, as Redis serves them. Until one is, the next waiter is
+            // the first live one (a served one is dead); after, the first with a later
+            // stamp.
             let mut from = 0;
-            while let Some((at, w)) = sh.blocking.live_from(db, &key, from) {
-                // Served or not, this waiter is behind us now (a served one is claimed).
-                from = at;
+            while let Some((stamp, w)) = sh.blocking.live_from(db, &key, from) {
                 match has_data(&mut sh, db, &key, &w.op) {
                     Data::Ready => {}
                     Data::WrongType => {
-                        from = at + 1;
+                        from = stamp + 1;
                         continue;
                     }
                     Data::Empty if matches!(*w.op, BlockOp::XRead { .. }) => {
-                        from = at + 1;
+                        from = stamp + 1;
                         continue;
                     }
                     Data::Empty => break,
@@ -1295,7 +1419,7 @@ fn try_or_register(w: &Rc<Worker>, call: PartCall) -> Tried {
         resp3,
         deliver,
     });
-    sh.blocking.add(&waiter, &slots);
+    sh.blocking.add(&waiter, g);
     let now = crate::clock::unix_ms();
     let group = sh.blocking.group_slab[g].as_mut().expect("live group");
     if fresh || now.saturating_sub(group.observed_ms) >= OBSERVE_EVERY_MS {
@@ -1955,40 +2079,96 @@ mod tests {
         assert_ne!(forward, print(&mut other.iter()));
     }
 
-    fn group(t: &mut BlockTable, keys: &[&str]) -> Rc<[SlotId]> {
+    fn group(t: &mut BlockTable, keys: &[&str]) -> usize {
         let keys = KeyList::of(keys.iter().map(|k| k.as_bytes()));
         let mut print = SetPrint::default();
         for k in keys.iter() {
             print.add(k);
         }
-        let (g, _) = t.group_for(0, print, &keys);
-        t.group_slab[g].as_ref().unwrap().slots.clone()
+        t.group_for(0, print, &keys).0
+    }
+
+    /// The table's cross references agree: every group's entry in each of its slots'
+    /// lists points back at it, each slot counts the groups with a queue, and each front
+    /// is its queue's first stamp.
+    fn check(t: &BlockTable) {
+        for (g, group) in t.group_slab.iter().enumerate() {
+            let Some(group) = group else { continue };
+            for (i, (&id, &place)) in group.slots.iter().zip(&group.places).enumerate() {
+                assert_eq!(t.slot(id).groups[place as usize], (g as u32, i as u32));
+            }
+            assert_eq!(t.fronts[g], group.queue.front().map_or(NO_FRONT, |e| e.0));
+        }
+        for slot in t.slots.iter().flatten() {
+            let queued = slot
+                .groups
+                .iter()
+                .filter(|&&(g, _)| !t.group(g as usize).queue.is_empty())
+                .count();
+            assert_eq!(slot.queued as usize, queued);
+            assert!(!slot.groups.is_empty());
+        }
     }
 
     #[test]
-    fn dead_registrations_stay_bounded() {
+    fn a_call_is_one_registration_and_dead_ones_stay_bounded() {
         let mut t = BlockTable::default();
         let keys: Vec<String> = (0..50).map(|i| format!("q{i}")).collect();
         let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
-        let slots = group(&mut t, &refs);
+        let many = group(&mut t, &refs);
+        // A call blocked for long holds the front; those behind it come and go.
+        let live = waiter();
+        t.add(&live, many);
         for _ in 0..10_000 {
             let w = waiter();
-            t.add(&w, &slots);
-            // Served or timed out: the call's token is taken, its entries are dead.
+            t.add(&w, many);
+            // Served or timed out: the call's token is taken, its entry is dead.
             w.claim.store(true, Ordering::Release);
         }
-        assert!(
-            t.entries <= 2 * MIN_COMPACT_AT + refs.len(),
-            "{} entries",
-            t.entries
-        );
-        let live = waiter();
-        let one = group(&mut t, &["q7"]);
-        t.add(&live, &one);
-        let first = t.first_live(0, &Bytes::from_static(b"q7")).unwrap();
-        assert!(Rc::ptr_eq(&first, &live));
-        assert!(t.is_waited(0, b"q7"));
-        assert_eq!(t.keys_count(), 1);
+        assert_eq!(t.registrations, 10_001);
+        assert!(t.entries <= 2 * MIN_COMPACT_AT, "{} entries", t.entries);
+        check(&t);
+        assert!(Rc::ptr_eq(&t.first_live(0, b"q7").unwrap(), &live));
+        assert_eq!(t.live_waiters(0, b"q7"), 1);
+        assert_eq!(t.keys_count(), 50);
+        // A call blocking again meets its own dead entry at the front, and drops it.
+        live.claim.store(true, Ordering::Release);
+        let again = waiter();
+        t.add(&again, many);
+        assert_eq!(t.group(many).queue.len(), 1);
+        check(&t);
+    }
+
+    #[test]
+    fn first_blocked_first_served_across_groups_sharing_a_key() {
+        let mut t = BlockTable::default();
+        let xy = group(&mut t, &["x", "y"]);
+        let yz = group(&mut t, &["z", "y"]);
+        let (a, b, c) = (waiter(), waiter(), waiter());
+        t.add(&a, xy);
+        t.add(&b, yz);
+        t.add(&c, xy);
+        check(&t);
+        assert_eq!(t.live_waiters(0, b"y"), 3);
+        assert_eq!(t.live_waiters(0, b"x"), 2);
+        assert_eq!(t.keys_count(), 3);
+        assert!(Rc::ptr_eq(&t.first_live(0, b"y").unwrap(), &a));
+        a.claim.store(true, Ordering::Release);
+        assert!(Rc::ptr_eq(&t.first_live(0, b"y").unwrap(), &b));
+        // Past b (a waiter that cannot take what y holds), c comes next.
+        let (stamp, _) = t.live_from(0, b"y", 0).unwrap();
+        let (_, next) = t.live_from(0, b"y", stamp + 1).unwrap();
+        assert!(Rc::ptr_eq(&next, &c));
+        b.claim.store(true, Ordering::Release);
+        assert!(Rc::ptr_eq(&t.first_live(0, b"y").unwrap(), &c));
+        assert!(t.first_live(0, b"z").is_none());
+        c.claim.store(true, Ordering::Release);
+        assert!(t.first_live(0, b"x").is_none());
+        check(&t);
+        assert_eq!(t.keys_count(), 0);
+        // Nobody waits: writes do not mark the keys ready.
+        t.mark_ready(0, b"y");
+        assert!(!t.has_ready());
     }
 
     #[test]
@@ -1996,12 +2176,16 @@ mod tests {
         let mut t = BlockTable::default();
         let a = group(&mut t, &["x", "y", "z"]);
         let b = group(&mut t, &["z", "x", "y"]);
-        assert!(Rc::ptr_eq(&a, &b));
+        assert_eq!(a, b);
         let c = group(&mut t, &["x", "y"]);
-        assert!(!Rc::ptr_eq(&a, &c));
+        assert_ne!(a, c);
         assert_eq!(t.groups.len(), 2);
         // Both groups share the slots of x and y.
         assert_eq!(t.index.len(), 3);
+        // A key named twice is one slot of its group.
+        let d = group(&mut t, &["x", "x", "w"]);
+        assert_eq!(t.group(d).slots.len(), 2);
+        check(&t);
     }
 
     #[test]
@@ -2020,27 +2204,51 @@ mod tests {
     }
 
     #[test]
-    fn groups_are_bounded_and_their_slots_go_with_them() {
+    fn idle_groups_are_bounded_and_their_slots_go_with_them() {
         let mut t = BlockTable::default();
         for i in 0..(MAX_GROUPS + 500) {
             let k = format!("k{i}");
             group(&mut t, &[&k, "shared"]);
         }
         assert_eq!(t.groups.len(), MAX_GROUPS);
-        // Slots of evicted groups without registrations are gone.
+        // Slots of evicted groups are gone.
         assert_eq!(t.index.len(), MAX_GROUPS + 1);
-        // A registration keeps its slot past its group's eviction.
+        check(&t);
+        // A group with a live registration is never evicted.
         let w = waiter();
-        let slots = group(&mut t, &["kept"]);
-        t.add(&w, &slots);
+        let kept = group(&mut t, &["kept", "shared"]);
+        t.add(&w, kept);
         for i in 0..(2 * MAX_GROUPS) {
             let k = format!("m{i}");
+            group(&mut t, &[&k, "shared"]);
+        }
+        check(&t);
+        assert!(t.is_waited(0, b"kept"));
+        assert!(Rc::ptr_eq(&t.first_live(0, b"shared").unwrap(), &w));
+        // Dead, it goes like any other.
+        w.claim.store(true, Ordering::Release);
+        for i in 0..(2 * MAX_GROUPS) {
+            let k = format!("n{i}");
             group(&mut t, &[&k]);
         }
-        assert!(t.is_waited(0, b"kept"));
-        assert!(t.first_live(0, &Bytes::from_static(b"kept")).is_some());
-        w.claim.store(true, Ordering::Release);
-        assert!(t.first_live(0, &Bytes::from_static(b"kept")).is_none());
         assert!(!t.is_waited(0, b"kept"));
+        check(&t);
+    }
+
+    #[test]
+    fn live_groups_past_the_cap_are_kept() {
+        let mut t = BlockTable::default();
+        let waiters: Vec<Rc<Waiter>> = (0..MAX_GROUPS + 10)
+            .map(|i| {
+                let w = waiter();
+                let k = format!("k{i}");
+                let g = group(&mut t, &[&k]);
+                t.add(&w, g);
+                w
+            })
+            .collect();
+        assert_eq!(t.groups.len(), MAX_GROUPS + 10);
+        assert!(Rc::ptr_eq(&t.first_live(0, b"k3").unwrap(), &waiters[3]));
+        check(&t);
     }
 }

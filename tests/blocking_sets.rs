@@ -1798,3 +1798,45 @@ fn a_known_set_holding_data_is_served_without_sending_the_keys_again() {
         admin.cmd(&["DEL", &keys[0], &keys[1], &keys[2], &keys[3]]);
     }
 }
+
+/// A consumer blocking again and again on the same many keys, reshuffled each time as
+/// Sidekiq does, registers once per thread holding some of them, not once per key
+/// (INFO `blocking_registrations`): what blocking costs must not grow with the number of
+/// queues a consumer serves. Redis-level behaviour is pinned by the scenarios above.
+#[test]
+fn blocking_again_on_a_known_set_registers_once_per_thread_not_per_key() {
+    if common::kite_is_redis() {
+        return;
+    }
+    const KEYS: usize = 120;
+    const CALLS: i64 = 10;
+    for threads in [1usize, 2] {
+        let s = KiteServer::start(&[], threads);
+        let keys = spread_keys("regs:", KEYS);
+        let mut c = s.client();
+        let mut admin = s.client();
+        let mut rng = Rng::new(seed(77));
+        let registrations = |admin: &mut Client| -> i64 {
+            common::info_field(admin, "transactions", "blocking_registrations")
+                .parse()
+                .unwrap()
+        };
+        let before = registrations(&mut admin);
+        for i in 0..CALLS {
+            let mut call = vec!["BRPOP".to_string()];
+            call.extend(shuffled(&mut rng, &keys));
+            call.push("10".to_string());
+            c.send(&call.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+            wait_blocked(&mut admin, 1, "the consumer");
+            let key = &keys[rng.below(KEYS as u64) as usize];
+            let value = format!("job{i}");
+            admin.cmd(&["LPUSH", key, &value]);
+            assert_eq!(read_reply(&mut c, "a served call"), pair(key, &value));
+        }
+        let per_call = (registrations(&mut admin) - before) as f64 / CALLS as f64;
+        assert!(
+            per_call <= threads as f64,
+            "a call on {KEYS} known keys over {threads} threads made {per_call} registrations"
+        );
+    }
+}
