@@ -40,14 +40,11 @@ use std::io::ErrorKind;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::blocked::{
+    blocked_names, client_id, distinct, info_int, read_reply, shuffled, wait_blocked, REPLY_WAIT,
+    SETTLE_WAIT,
+};
 use common::{seeds_from_env, shard_of, spread_keys, Client, KiteServer, Resp, Rng};
-
-/// How long a client waits for a reply that must come (every blocking call here either
-/// has a short timeout or is woken by the test itself).
-const REPLY_WAIT: Duration = Duration::from_secs(15);
-
-/// How long the server may take to reach an expected set of blocked clients.
-const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
 fn seed(salt: u64) -> u64 {
     seeds_from_env("KITE_BLOCKING_GROUPS_SEED", &[20_261_203])[0]
@@ -86,58 +83,6 @@ fn pop_cmd(left: bool, keys: &[String], timeout: &str) -> Vec<String> {
     cmd.extend(keys.iter().cloned());
     cmd.push(timeout.to_string());
     cmd
-}
-
-fn info_int(c: &mut Client, field: &str) -> i64 {
-    let r = c.cmd(&["INFO", "clients"]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("INFO clients answered {r}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO clients:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// Waits (bounded) until the server counts exactly `n` blocked clients.
-#[track_caller]
-fn wait_blocked(c: &mut Client, n: i64, what: &str) {
-    let deadline = Instant::now() + SETTLE_WAIT;
-    loop {
-        let now = info_int(c, "blocked_clients");
-        if now == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: expected {n} blocked clients, INFO clients says {now}"
-        );
-        thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Names of the clients CLIENT LIST shows as blocked (flag `b`), sorted.
-fn blocked_names(c: &mut Client) -> Vec<String> {
-    let r = c.cmd(&["CLIENT", "LIST"]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("CLIENT LIST answered {r}"));
-    let mut names = Vec::new();
-    for line in text.lines() {
-        let field = |name: &str| {
-            line.split(' ')
-                .find_map(|f| f.strip_prefix(&format!("{name}=")))
-                .unwrap_or("")
-                .to_string()
-        };
-        if field("flags").contains('b') {
-            names.push(field("name"));
-        }
-    }
-    names.sort();
-    names
 }
 
 /// Waits (bounded) until the clients CLIENT LIST shows blocked are exactly those named in
@@ -224,21 +169,6 @@ fn named(s: &KiteServer, name: &str) -> Client {
     c
 }
 
-fn client_id(c: &mut Client) -> String {
-    let r = c.cmd(&["CLIENT", "ID"]);
-    r.as_int()
-        .unwrap_or_else(|| panic!("CLIENT ID answered {r}"))
-        .to_string()
-}
-
-/// Reads the reply of a command sent earlier, with a clear message when none comes.
-#[track_caller]
-fn read_reply(c: &mut Client, what: &str) -> Resp {
-    c.set_timeout(Some(REPLY_WAIT));
-    c.try_read()
-        .unwrap_or_else(|e| panic!("{what}: no reply within {REPLY_WAIT:?}: {e}"))
-}
-
 /// The connection of a killed client is closed without a reply.
 #[track_caller]
 fn assert_closed(c: &mut Client, what: &str) {
@@ -253,20 +183,6 @@ fn assert_closed(c: &mut Client, what: &str) {
 fn block(c: &mut Client, admin: &mut Client, cmd: &[String], n: i64, what: &str) {
     c.send(cmd);
     wait_blocked(admin, n, what);
-}
-
-fn shuffled(rng: &mut Rng, keys: &[String]) -> Vec<String> {
-    let mut v = keys.to_vec();
-    rng.shuffle(&mut v);
-    v
-}
-
-/// `count` distinct indexes below `n`.
-fn distinct(rng: &mut Rng, n: usize, count: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..n).collect();
-    rng.shuffle(&mut idx);
-    idx.truncate(count);
-    idx
 }
 
 /// What the lists should hold (head first), and a count of every element pushed,

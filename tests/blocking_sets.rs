@@ -36,14 +36,12 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::blocked::{
+    blocked_names, client_id, distinct, info_int, read_reply, shuffled, wait_blocked, REPLY_WAIT,
+};
 use common::{seeds_from_env, spread_keys, Client, KiteServer, Resp, Rng};
 
 const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
-
-/// How long a client waits for a reply that must come (far longer than any timeout
-/// given to a blocking command here, except the "for ever" ones, which are always
-/// woken by the test itself).
-const REPLY_WAIT: Duration = Duration::from_secs(15);
 
 fn seed(salt: u64) -> u64 {
     seeds_from_env("KITE_BLOCKING_SETS_SEED", &[20_261_126])[0]
@@ -65,87 +63,6 @@ fn pair(key: &str, value: &str) -> Resp {
 
 fn bulks<S: AsRef<str>>(items: &[S]) -> Resp {
     arr(items.iter().map(|s| bulk(s.as_ref())).collect())
-}
-
-fn info_int(c: &mut Client, field: &str) -> i64 {
-    let r = c.cmd(&["INFO", "clients"]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("INFO clients answered {r}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO clients:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// Waits (bounded) until the server counts exactly `n` blocked clients.
-#[track_caller]
-fn wait_blocked(c: &mut Client, n: i64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = info_int(c, "blocked_clients");
-        if now == n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: expected {n} blocked clients, INFO clients says {now}"
-        );
-        thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Names of the clients CLIENT LIST shows as blocked (flag `b`).
-fn blocked_names(c: &mut Client) -> Vec<String> {
-    let r = c.cmd(&["CLIENT", "LIST"]);
-    let text = r
-        .as_string()
-        .unwrap_or_else(|| panic!("CLIENT LIST answered {r}"));
-    let mut names = Vec::new();
-    for line in text.lines() {
-        let field = |name: &str| {
-            line.split(' ')
-                .find_map(|f| f.strip_prefix(&format!("{name}=")))
-                .unwrap_or("")
-                .to_string()
-        };
-        if field("flags").contains('b') {
-            names.push(field("name"));
-        }
-    }
-    names.sort();
-    names
-}
-
-fn shuffled(rng: &mut Rng, keys: &[String]) -> Vec<String> {
-    let mut v = keys.to_vec();
-    rng.shuffle(&mut v);
-    v
-}
-
-/// `count` distinct indexes below `n`.
-fn distinct(rng: &mut Rng, n: usize, count: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..n).collect();
-    rng.shuffle(&mut idx);
-    idx.truncate(count);
-    idx
-}
-
-fn client_id(c: &mut Client) -> String {
-    let r = c.cmd(&["CLIENT", "ID"]);
-    r.as_int()
-        .unwrap_or_else(|| panic!("CLIENT ID answered {r}"))
-        .to_string()
-}
-
-/// Reads the reply of a command sent earlier, with a clear message when none comes.
-#[track_caller]
-fn read_reply(c: &mut Client, what: &str) -> Resp {
-    c.set_timeout(Some(REPLY_WAIT));
-    c.try_read()
-        .unwrap_or_else(|e| panic!("{what}: no reply within {REPLY_WAIT:?}: {e}"))
 }
 
 // ---------------------------------------------------------------------------

@@ -14,6 +14,8 @@
 //!   installs it).
 #![allow(dead_code)]
 
+pub mod blocked;
+
 use std::collections::HashSet;
 use std::fmt;
 use std::fs::{self, File};
