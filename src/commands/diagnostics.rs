@@ -6,12 +6,12 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::server::{help, rss_bytes, thread_report};
+use super::server::{command_totals, help, rss_bytes, thread_report};
 use super::util::{eq_ci, parse_i64, SYNTAX_ERR};
 use crate::async_handler;
 use crate::server::session::Session;
 use crate::shard::logs::LatencyEvent;
-use crate::shard::{broadcast, hop, unix_ms};
+use crate::shard::{broadcast, hop, unix_ms, CmdStat};
 
 // ---- LATENCY ----
 
@@ -397,21 +397,15 @@ fn latency_graph(name: &str, ev: &LatencyEvent) -> String {
 async fn latency_histogram(sess: &mut Session, names: &[Bytes]) {
     let reports = broadcast(&sess.worker, |w| thread_report(w)).await;
     let table = super::table();
+    let totals = command_totals(&reports);
     let mut rows: Vec<(&'static str, u64, [u64; 32])> = Vec::new();
     for cmd in &table.commands {
         if !names.is_empty() && !names.iter().any(|n| eq_ci(n, cmd.name)) {
             continue;
         }
-        let mut calls = 0;
-        let mut hist = [0u64; 32];
-        for r in &reports {
-            if let Some(c) = r.commands.get(cmd.id) {
-                calls += c.calls;
-                for (h, v) in hist.iter_mut().zip(c.hist.iter()) {
-                    *h += v;
-                }
-            }
-        }
+        let Some(&CmdStat { calls, hist, .. }) = totals.get(cmd.id) else {
+            continue;
+        };
         if calls > 0 {
             rows.push((cmd.name, calls, hist));
         }

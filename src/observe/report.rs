@@ -120,6 +120,7 @@ fn shard_entries(w: &Rc<Worker>, with_history: bool) -> (Vec<EntryReport>, usize
     let sh = w.shard.borrow();
     let now = unix_ms();
     let q = &sh.queues;
+    let live = sh.blocking.live_counts();
     let entries = q
         .entries()
         .map(|(db, key, e)| {
@@ -135,7 +136,7 @@ fn shard_entries(w: &Rc<Worker>, with_history: bool) -> (Vec<EntryReport>, usize
                 pushed: e.pushed,
                 popped: e.popped,
                 pushed_front: e.pushed_front,
-                consumers: sh.blocking.live_waiters(db, key) as u64,
+                consumers: live.on_key(db, key) as u64,
                 oldest_ms: oldest_push_ms(&sh, db, key),
                 hist: e.hist.clone(),
                 history: if with_history {

@@ -250,7 +250,7 @@ fn observe_queues(worker: &Rc<Worker>, now: u64, each_second: bool) {
         sh.queues.sample(now, |db, key| {
             crate::observe::report::key_len(dbs, db, key, now)
                 .map(|(n, _)| n)
-                .or_else(|| (blocking.live_waiters(db, key) > 0).then_some(0))
+                .or_else(|| blocking.has_live_waiter(db, key).then_some(0))
         });
     }
 }
