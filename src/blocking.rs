@@ -2479,6 +2479,11 @@ mod tests {
             if step % 97 == 0 {
                 // Queue metrics' consumers: per key, one way or the other, as the model.
                 let live = t.live_counts();
+                let waited = keys
+                    .iter()
+                    .filter(|key| calls.iter().any(|(_, set)| set.contains(key)))
+                    .count();
+                assert_eq!(t.keys_count(), waited, "step {step}");
                 for key in keys {
                     let want = calls.iter().filter(|(_, set)| set.contains(&key)).count();
                     let k = key.as_bytes();
