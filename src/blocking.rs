@@ -2272,6 +2272,15 @@ mod tests {
         for slot in t.slots.iter().flatten() {
             assert!(slot.groups > 0);
         }
+        // Queue metrics count through the groups what `live_waiters` counts through the
+        // key's order.
+        let live = t.live_counts();
+        for slot in t.slots.iter().flatten() {
+            assert_eq!(
+                live.on_key(slot.db, &slot.key),
+                t.live_waiters(slot.db, &slot.key)
+            );
+        }
     }
 
     #[test]
