@@ -119,6 +119,22 @@ impl Stopwatch {
     }
 }
 
+/// Runs `f` and measures its own run time: the time spent inside its polls, not the
+/// time it spent suspended between them (waiting for another thread's answer, a lock,
+/// or the other tasks of this thread).
+pub async fn own_time<F: std::future::Future>(f: F) -> (F::Output, u64) {
+    let mut f = std::pin::pin!(f);
+    let mut spent = 0u64;
+    let out = std::future::poll_fn(|cx| {
+        let t0 = ticks();
+        let r = f.as_mut().poll(cx);
+        spent = spent.wrapping_add(ticks().wrapping_sub(t0));
+        r
+    })
+    .await;
+    (out, ticks_to_us(spent))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1405,6 +1405,65 @@ fn blocked_time_is_not_execution_time() {
     );
 }
 
+/// Time a command spends waiting for another thread is not its run time either: a
+/// multi-shard MGET, or a script whose key lives on another thread, that waits there
+/// behind a DEBUG SLEEP of 0.5 s counts what it ran, not the wait (Redis, on one thread,
+/// has no such wait to count). Eight calls of each, from connections dealt to both
+/// threads, so some wait on the sleeping one; 0.2 s in all leaves room for a loaded
+/// machine and still catches one wait counted.
+#[test]
+fn waiting_for_another_thread_is_not_run_time() {
+    let server = KiteServer::start(&[], 2);
+    let on_shard = |shard: usize| {
+        (0..)
+            .map(|i| format!("w{i}"))
+            .find(|k| common::shard_of(k, 2) == shard)
+            .expect("a key")
+    };
+    let keys = [on_shard(0), on_shard(1)];
+    let mut admin = server.client();
+    for k in &keys {
+        ok(&mut admin, &["SET", k, "v"]);
+    }
+    // Dealt to the threads in turn: half of them share the sleeper's thread.
+    let mut sleeper = server.client();
+    let workers: Vec<Client> = (0..16).map(|_| server.client()).collect();
+    let sleeping = thread::spawn(move || {
+        ok(&mut sleeper, &["DEBUG", "SLEEP", "0.5"]);
+    });
+    thread::sleep(Duration::from_millis(100));
+    let calls: Vec<_> = workers
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut w)| {
+            let keys = keys.clone();
+            thread::spawn(move || {
+                // Workers alternate threads: each kind, and each script key, on both.
+                if i % 4 < 2 {
+                    let r = w.cmd(&["MGET", &keys[0], &keys[1]]);
+                    assert_eq!(r, bulks(&["v", "v"]));
+                } else {
+                    let key = &keys[(i / 4) % 2];
+                    let r = w.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", key]);
+                    assert_eq!(r, Resp::Bulk(b"v".to_vec()));
+                }
+            })
+        })
+        .collect();
+    for c in calls {
+        c.join().unwrap();
+    }
+    sleeping.join().unwrap();
+    let counted: Vec<(i64, String)> = ["mget", "eval"]
+        .iter()
+        .map(|name| command_usec(&mut admin, name))
+        .collect();
+    assert!(
+        counted.iter().all(|(usec, _)| *usec < 200_000),
+        "the wait behind another thread counted as run time: {counted:?}"
+    );
+}
+
 /// Commands in one pipeline that change what the next may do (CLIENT REPLY, MULTI,
 /// SUBSCRIBE, an ACL change) take effect at the very next command, as in Redis, though
 /// Kite looks at the connection's state once for a run of plain commands. The whole

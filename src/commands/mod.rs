@@ -852,8 +852,13 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
             let start = crate::clock::Stopwatch::start();
             let mark = sess.out.buf.len();
             let kept = args.clone();
-            f(sess, args).await;
-            sess.record_here(cmd, &kept, start, mark);
+            sess.away_us = None;
+            let ((), own_us) = crate::clock::own_time(f(sess, args)).await;
+            match sess.away_us.take() {
+                // A script run on another thread: its run time there, not the wait.
+                Some(away) => sess.record_run(cmd, &kept, own_us + away, mark),
+                None => sess.record_here(cmd, &kept, start, mark),
+            }
         }
         Handler::Shard(f) | Handler::Multi(f, _) => match sess
             .route_hint
@@ -867,7 +872,6 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                 let Handler::Multi(_, cross) = cmd.handler else {
                     unreachable!("single-shard command with keys on several shards")
                 };
-                let start = crate::clock::Stopwatch::start();
                 let mark = sess.out.buf.len();
                 let keys: Vec<Bytes> = cmd
                     .key_positions(&args)
@@ -875,14 +879,20 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                     .map(|i| args[i].clone())
                     .collect();
                 let whole = cmd.spreads.is_some_and(|f| f(&args));
-                let tx = Tx::lock_keys(&sess.worker, &keys, whole).await;
                 let kept = args.clone();
-                let db = sess.db;
-                tx.logged(db, &kept, cross(sess, args, &tx)).await;
-                remember_spread_keys(sess, cmd, &kept, &tx).await;
-                drop(tx);
+                // Its run time here and its steps' run time on the other shards: waiting
+                // for their locks and answers is not run time (Redis, on one thread,
+                // counts only the time a command runs).
+                let (away_us, own_us) = crate::clock::own_time(async {
+                    let tx = Tx::lock_keys(&sess.worker, &keys, whole).await;
+                    let db = sess.db;
+                    tx.logged(db, &kept, cross(sess, args, &tx)).await;
+                    remember_spread_keys(sess, cmd, &kept, &tx).await;
+                    tx.away_us()
+                })
+                .await;
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
-                sess.record_here(cmd, &kept, start, mark);
+                sess.record_run(cmd, &kept, own_us + away_us, mark);
             }
         },
     }

@@ -138,6 +138,8 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
         user: (!sess.user.unrestricted).then(|| sess.user.clone()),
         client_id: sess.id,
     };
+    // Run time of the job on another thread, for INFO commandstats and the slow log.
+    let mut away_us = 0;
     let outcome = if sess.in_exec {
         // EXEC already holds every shard.
         job.global = true;
@@ -151,7 +153,9 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             run::run_job(&worker, &job)
         } else {
             let j = job.for_remote();
-            hop(&worker, target, move |w| run::run_job(w, &j)).await
+            let o = hop(&worker, target, move |w| run::run_job(w, &j)).await;
+            away_us += o.run_us;
+            o
         };
         if outcome.restart {
             match &job.body {
@@ -176,9 +180,13 @@ async fn call(sess: &mut Session, args: Vec<Bytes>, kind: Kind, read_only: bool)
             job.remote = target != worker.id;
             let o = hop(&worker, target, move |w| run::run_job(w, &job)).await;
             drop(tx);
+            if target != worker.id {
+                away_us += o.run_us;
+            }
             o
         }
     };
+    sess.away_us = Some(away_us);
     if let Some(effects) = outcome.effects {
         sess.aof_pending.push(effects);
     }

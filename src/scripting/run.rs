@@ -77,6 +77,8 @@ pub struct Outcome {
     pub locked: bool,
     /// The script's effects, when the job collects them (inside EXEC).
     pub effects: Option<crate::persist::aof::Piece>,
+    /// How long the job ran on the thread that ran it, in microseconds.
+    pub run_us: u64,
 }
 
 /// What to run: an EVAL script or an FCALL function.
@@ -153,6 +155,13 @@ fn release_guests(worker: &Rc<Worker>, touched: &[usize]) {
 /// Runs a job on this thread. On the fast path (`job.global` false) the caller made sure
 /// this thread owns the declared keys.
 pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
+    let start = crate::clock::Stopwatch::start();
+    let mut outcome = run_job_timed(worker, job);
+    outcome.run_us = start.elapsed_us();
+    outcome
+}
+
+fn run_job_timed(worker: &Rc<Worker>, job: &Job) -> Outcome {
     let mut out = Reply::new(job.resp3);
     if !job.global {
         let shard = worker.shard.borrow();
@@ -163,6 +172,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
                 restart: false,
                 locked: true,
                 effects: None,
+                run_us: 0,
             };
         }
     }
@@ -250,6 +260,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
             restart: true,
             locked: false,
             effects: None,
+            run_us: 0,
         };
     }
     match result {
@@ -301,6 +312,7 @@ pub fn run_job(worker: &Rc<Worker>, job: &Job) -> Outcome {
         restart: false,
         locked: false,
         effects,
+        run_us: 0,
     }
 }
 

@@ -90,6 +90,10 @@ pub struct Session {
     /// Time the running command spent blocked on keys: not execution time (INFO
     /// commandstats and the slow log count only the time a command ran, as Redis 7 does).
     pub blocked_us: u64,
+    /// Set by a command whose work ran partly on other threads (a script run where its
+    /// key lives): that work's run time there. The command then counts its own run time
+    /// here plus this, and not the time it spent waiting for the other thread.
+    pub away_us: Option<u64>,
     /// The key set of this connection's last blocked call, by shard: a consumer that
     /// blocks on it again (Sidekiq, shuffled) skips placing each key.
     pub last_block: Option<Box<crate::blocking::LastBlock>>,
@@ -188,6 +192,7 @@ impl Session {
             caching: false,
             forced: Vec::new(),
             blocked_us: 0,
+            away_us: None,
             last_block: None,
             asking: c.asking,
             readonly: c.readonly,
@@ -307,6 +312,12 @@ impl Session {
         let usec = start
             .elapsed_us()
             .saturating_sub(std::mem::take(&mut self.blocked_us));
+        self.record_run(cmd, args, usec, mark);
+    }
+
+    /// Counts a command that ran for `usec`, however that was measured.
+    pub fn record_run(&mut self, cmd: &Command, args: &[Bytes], usec: u64, mark: usize) {
+        self.blocked_us = 0;
         let mut shard = self.worker.shard.borrow_mut();
         let handle = &self.handle;
         shard.log_if_slow(cmd, args, usec, || {

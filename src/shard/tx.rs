@@ -29,6 +29,9 @@ pub struct Tx {
     dirty: Cell<u64>,
     /// What the running multi-shard command logs instead of its own words.
     rewrite: RefCell<Option<Vec<Vec<Bytes>>>>,
+    /// How long the steps ran on other threads, in microseconds (the command's run time
+    /// there; the wait for their answers is not).
+    away_us: Cell<u64>,
 }
 
 /// Groups keys by owning shard, in ascending shard order, keeping repeats (EXISTS a a
@@ -62,6 +65,7 @@ impl Tx {
             effects: RefCell::new(Vec::new()),
             dirty: Cell::new(0),
             rewrite: RefCell::new(None),
+            away_us: Cell::new(0),
         };
         for (shard, keys) in wants {
             let (grant, granted) = oneshot::channel();
@@ -112,7 +116,9 @@ impl Tx {
         R: Send + 'static,
         F: FnOnce(&mut Shard) -> R + Send + 'static,
     {
-        let (result, events, piece, dirty) = hop(&self.worker, shard, move |w| {
+        let away = shard != self.worker.id;
+        let (result, events, piece, dirty, ran_us) = hop(&self.worker, shard, move |w| {
+            let start = crate::clock::Stopwatch::start();
             let mut sh = w.shard.borrow_mut();
             sh.aof_hold();
             let mark = sh.aof.mark();
@@ -121,13 +127,23 @@ impl Tx {
             let piece = sh.aof.take_since(mark);
             sh.aof_release();
             let dirty = sh.dirty - dirty_before;
-            (result, std::mem::take(&mut sh.events), piece, dirty)
+            let events = std::mem::take(&mut sh.events);
+            (result, events, piece, dirty, start.elapsed_us())
         })
         .await;
+        // A step on this thread ran inline, inside its caller's own run time.
+        if away {
+            self.away_us.set(self.away_us.get() + ran_us);
+        }
         self.events.borrow_mut().extend(events);
         self.push_piece(piece);
         self.dirty.set(self.dirty.get() + dirty);
         result
+    }
+
+    /// How long the steps ran on other threads so far, in microseconds.
+    pub fn away_us(&self) -> u64 {
+        self.away_us.get()
     }
 
     /// Writes made by the steps so far.
