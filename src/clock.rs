@@ -128,7 +128,8 @@ pub async fn own_time<F: std::future::Future>(f: F) -> (F::Output, u64) {
     let out = std::future::poll_fn(|cx| {
         let t0 = ticks();
         let r = f.as_mut().poll(cx);
-        spent = spent.wrapping_add(ticks().wrapping_sub(t0));
+        // Saturating: a thread moved to a core whose counter lags must not count ages.
+        spent = spent.saturating_add(ticks().saturating_sub(t0));
         r
     })
     .await;

@@ -1406,11 +1406,11 @@ fn blocked_time_is_not_execution_time() {
 }
 
 /// Time a command spends waiting for another thread is not its run time either: a
-/// multi-shard MGET, or a script whose key lives on another thread, that waits there
-/// behind a DEBUG SLEEP of 0.5 s counts what it ran, not the wait (Redis, on one thread,
-/// has no such wait to count). Eight calls of each, from connections dealt to both
-/// threads, so some wait on the sleeping one; 0.2 s in all leaves room for a loaded
-/// machine and still catches one wait counted.
+/// multi-shard MGET, a script whose key lives on another thread, or a MULTI/EXEC over
+/// both threads' keys, that waits there behind a DEBUG SLEEP of 0.5 s counts what it
+/// ran, not the wait (Redis, on one thread, has no such wait to count). Eight calls of
+/// each, from connections dealt to both threads, so some wait on the sleeping one; 0.2 s
+/// in all leaves room for a loaded machine and still catches one wait counted.
 #[test]
 fn waiting_for_another_thread_is_not_run_time() {
     let server = KiteServer::start(&[], 2);
@@ -1427,7 +1427,7 @@ fn waiting_for_another_thread_is_not_run_time() {
     }
     // Dealt to the threads in turn: half of them share the sleeper's thread.
     let mut sleeper = server.client();
-    let workers: Vec<Client> = (0..16).map(|_| server.client()).collect();
+    let workers: Vec<Client> = (0..24).map(|_| server.client()).collect();
     let sleeping = thread::spawn(move || {
         ok(&mut sleeper, &["DEBUG", "SLEEP", "0.5"]);
     });
@@ -1439,13 +1439,24 @@ fn waiting_for_another_thread_is_not_run_time() {
             let keys = keys.clone();
             thread::spawn(move || {
                 // Workers alternate threads: each kind, and each script key, on both.
-                if i % 4 < 2 {
-                    let r = w.cmd(&["MGET", &keys[0], &keys[1]]);
-                    assert_eq!(r, bulks(&["v", "v"]));
-                } else {
-                    let key = &keys[(i / 4) % 2];
-                    let r = w.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", key]);
-                    assert_eq!(r, Resp::Bulk(b"v".to_vec()));
+                match i % 6 {
+                    0 | 1 => {
+                        let r = w.cmd(&["MGET", &keys[0], &keys[1]]);
+                        assert_eq!(r, bulks(&["v", "v"]));
+                    }
+                    2 | 3 => {
+                        let key = &keys[(i / 6) % 2];
+                        let r = w.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", key]);
+                        assert_eq!(r, Resp::Bulk(b"v".to_vec()));
+                    }
+                    _ => {
+                        ok(&mut w, &["MULTI"]);
+                        for k in &keys {
+                            assert_eq!(w.cmd(&["SET", k, "v"]), Resp::Simple("QUEUED".into()));
+                        }
+                        let r = w.cmd(&["EXEC"]);
+                        assert_eq!(r, Resp::Array(vec![Resp::ok(), Resp::ok()]));
+                    }
                 }
             })
         })
@@ -1454,7 +1465,7 @@ fn waiting_for_another_thread_is_not_run_time() {
         c.join().unwrap();
     }
     sleeping.join().unwrap();
-    let counted: Vec<(i64, String)> = ["mget", "eval"]
+    let counted: Vec<(i64, String)> = ["mget", "eval", "exec"]
         .iter()
         .map(|name| command_usec(&mut admin, name))
         .collect();

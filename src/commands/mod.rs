@@ -883,14 +883,17 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                 // Its run time here and its steps' run time on the other shards: waiting
                 // for their locks and answers is not run time (Redis, on one thread,
                 // counts only the time a command runs).
-                let (away_us, own_us) = crate::clock::own_time(async {
+                let (tx, own_us) = crate::clock::own_time(async {
                     let tx = Tx::lock_keys(&sess.worker, &keys, whole).await;
                     let db = sess.db;
                     tx.logged(db, &kept, cross(sess, args, &tx)).await;
                     remember_spread_keys(sess, cmd, &kept, &tx).await;
-                    tx.away_us()
+                    tx
                 })
                 .await;
+                let away_us = tx.away_us();
+                // Outside its own time: releasing the locks runs what waited for them.
+                drop(tx);
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
                 sess.record_run(cmd, &kept, own_us + away_us, mark);
             }

@@ -262,6 +262,13 @@ async_handler!(exec, |sess, _args| {
             }
             let cmds: VecDeque<_> = m.queued.into_iter().collect();
             let mut result = run_batch_on(&worker, target, cmds, spec).await;
+            // Its time is the batch's run time there, not the wait for its answer (on
+            // this thread the batch ran inline, inside EXEC's own time).
+            sess.away_us = Some(if target == worker.id {
+                0
+            } else {
+                result.ran_us
+            });
             crate::shard::settle(std::mem::take(&mut result.settle)).await;
             if result.aborted {
                 sess.out.null_array();
@@ -299,6 +306,7 @@ async_handler!(exec, |sess, _args| {
                 }
             }
             sess.in_exec = false;
+            sess.away_us = Some(tx.away_us());
             drop(tx);
         }
     }

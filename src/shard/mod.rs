@@ -1125,6 +1125,9 @@ impl ExecCtx<'_> {
 /// Commands bound for one shard, run there in order (a pipelined run of commands, or a
 /// single command that had to wait for a lock). Replies accumulate in `out`.
 pub struct Batch {
+    /// How long the batch has run so far on the thread that runs it, in microseconds (it
+    /// may stop at a locked key and resume later).
+    pub ran_us: u64,
     pub db: usize,
     pub client_id: u64,
     pub no_touch: bool,
@@ -1185,6 +1188,9 @@ pub struct BatchResult {
     pub refused: bool,
     /// Where each command's reply ends in `out` (`whole` batches only).
     pub ends: Vec<usize>,
+    /// How long the batch ran where it ran, in microseconds (a connection's EXEC counts
+    /// it, not its wait for the answer).
+    pub ran_us: u64,
 }
 
 impl BatchResult {
@@ -1201,6 +1207,7 @@ impl BatchResult {
             slow,
             refused: false,
             ends: Vec::new(),
+            ran_us: 0,
         }
     }
 }
@@ -1391,6 +1398,7 @@ pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail
 /// `whole` batch instead runs all at once, or not at all if any of its keys is taken
 /// (`may_run_whole`).
 pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
+    let started = crate::clock::Stopwatch::start();
     let atomic = batch.atomic.is_some();
     let mut shard = worker.shard.borrow_mut();
     if batch.whole && !may_run_whole(&shard, &batch) {
@@ -1456,6 +1464,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             {
                 let lock_keys = LockKeys::Keys(keys.iter().map(|&i| args[i].clone()).collect());
                 shard.aof_undefer();
+                batch.ran_us += started.elapsed_us();
                 let w = worker.clone();
                 shard.locks.enqueue(
                     lock_keys,
@@ -1515,6 +1524,7 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
             slow: batch.slow,
             refused: false,
             ends: batch.ends,
+            ran_us: batch.ran_us + started.elapsed_us(),
         },
     );
 }
@@ -1571,6 +1581,7 @@ pub async fn run_batch_on(
     let (ticket, answer) = hops::open(&worker.mailbox, worker.id);
     let client_id = spec.client_id;
     let batch = Batch {
+        ran_us: 0,
         db: spec.db,
         client_id: spec.client_id,
         no_touch: spec.no_touch,
