@@ -1368,6 +1368,39 @@ fn a_wait_is_not_taken_off_the_next_command() {
     }
 }
 
+/// A blocking XREAD is one call in INFO commandstats, as on redis-server (which counted 2
+/// calls for these two reads), whether its streams share a shard or not, and whether it
+/// answered at once or timed out.
+#[test]
+fn a_blocking_xread_is_counted_once() {
+    for threads in [1, 2] {
+        let server = KiteServer::start(&[], threads);
+        let mut c = server.client();
+        let on_shard = |shard: usize| {
+            (0..)
+                .map(|i| format!("s{i}"))
+                .find(|k| common::shard_of(k, 2) == shard)
+                .expect("a key")
+        };
+        let (a, b) = (on_shard(0), on_shard(1));
+        for s in [&a, &b] {
+            assert!(matches!(c.cmd(&["XADD", s, "*", "f", "v"]), Resp::Bulk(_)));
+        }
+        assert!(c
+            .cmd(&["XREAD", "BLOCK", "100", "STREAMS", &a, &b, "$", "$"])
+            .is_null());
+        assert!(matches!(
+            c.cmd(&["XREAD", "BLOCK", "100", "STREAMS", &a, &b, "0", "0"]),
+            Resp::Array(_)
+        ));
+        let stats = info_field(&mut c, "commandstats", "cmdstat_xread");
+        assert!(
+            stats.starts_with("calls=2,"),
+            "--threads {threads}: two XREADs counted as {stats}"
+        );
+    }
+}
+
 /// A blocking command's time spent waiting is not execution time: it neither lands in the
 /// slow log nor in INFO commandstats' usec (Redis 7 counts only the time it ran).
 #[test]

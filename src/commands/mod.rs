@@ -764,15 +764,13 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, mut args: Vec<Bytes>
             let mark = sess.out.buf.len();
             // A first try on one shard runs through exec_here, which counts the call.
             let mut counted = false;
-            // The arguments, for the slow log, when the call consumed them (a stream read
-            // does; the others borrow them, and a copy per key of a long BRPOP would cost).
-            let mut kept = None;
             match call(&args) {
                 Ok(Some(call)) => {
                     if matches!(call.op, crate::blocking::BlockOp::XRead { .. }) {
-                        kept = Some(args.clone());
                         let args = std::mem::take(&mut args);
                         crate::blocking::run_stream_read(sess, cmd, args, call).await;
+                        // Its read ran as the command (`run_handler`), which counted it.
+                        counted = true;
                     } else {
                         match served_at_once(sess, cmd, &args).await {
                             Some(true) => return,
@@ -791,7 +789,7 @@ pub async fn run(sess: &mut Session, cmd: &'static Command, mut args: Vec<Bytes>
                 sess.blocked_us = 0;
             } else {
                 let mark = mark.saturating_sub(sess.flushed_mid_command - flushed_before);
-                sess.record_here(cmd, kept.as_deref().unwrap_or(&args), start, mark);
+                sess.record_here(cmd, &args, start, mark);
             }
             return;
         }
