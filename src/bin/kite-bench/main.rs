@@ -124,7 +124,8 @@ pub struct BrpopKeysArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct OpsArgs {
-    /// Commands, in order: set, get, lpush, rpop.
+    /// Commands, in order: set, get, lpush, rpop, evalsha (a one-write script), push (a
+    /// Sidekiq client push, MULTI/SADD/LPUSH/EXEC over 8 queues, counted as one request).
     #[arg(long, value_delimiter = ',', default_value = "set,get,lpush,rpop")]
     pub commands: Vec<String>,
     /// Pipeline depths; every command runs at each.

@@ -415,9 +415,28 @@ pub struct OpsOpts {
 /// scripts do in their shortest form.
 const OPS_SCRIPT: &[u8] = b"return redis.call('SET', KEYS[1], ARGV[1])";
 
+/// Queues the `push` case spreads its jobs over, as an application's few Sidekiq queues.
+const PUSH_QUEUES: u64 = 8;
+
+/// The set of queue names Sidekiq's client adds each pushed job's queue to.
+const PUSH_QUEUE_SET: &[u8] = b"kb:queues";
+
+/// One Sidekiq client push (Sidekiq 7's `Client#raw_push`): the queue named in the set of
+/// queues and the job pushed onto its list, in one MULTI/EXEC. Four replies.
+fn encode_push(out: &mut Vec<u8>, queue: u64, seq: u64) {
+    let list = ops_key("push", queue);
+    let mut job = Vec::with_capacity(JOB_BYTES);
+    sidekiq_job(&mut job, &String::from_utf8_lossy(&list), queue, seq);
+    resp::encode(out, &[b"MULTI"]);
+    resp::encode(out, &[b"SADD", PUSH_QUEUE_SET, &list[b"kb:queue:".len()..]]);
+    resp::encode(out, &[b"LPUSH", &list, &job]);
+    resp::encode(out, &[b"EXEC"]);
+}
+
 fn ops_key(cmd: &str, n: u64) -> Vec<u8> {
     match cmd {
         "lpush" | "rpop" => format!("kb:list:{n}").into_bytes(),
+        "push" => format!("kb:queue:{n}").into_bytes(),
         _ => format!("kb:key:{n}").into_bytes(),
     }
 }
@@ -430,9 +449,11 @@ pub fn ops(
 ) -> io::Result<Vec<RunResult>> {
     let mut out = Vec::new();
     let mut admin = Admin::connect(t.addr)?;
-    let all_keys: Vec<Vec<u8>> = (0..o.keyspace)
+    let mut all_keys: Vec<Vec<u8>> = (0..o.keyspace)
         .flat_map(|n| [ops_key("set", n), ops_key("lpush", n)])
         .collect();
+    all_keys.extend((0..PUSH_QUEUES).map(|n| ops_key("push", n)));
+    all_keys.push(PUSH_QUEUE_SET.to_vec());
     admin.del_keys(&all_keys)?;
     let value = vec![b'x'; o.data_size];
     for &p in &o.pipelines {
@@ -481,7 +502,7 @@ pub fn ops(
                     }
                     admin.pipeline(&cmds)?;
                 }
-                "set" | "lpush" => {}
+                "set" | "lpush" | "push" => {}
                 "evalsha" => {
                     // Loaded outside the measured window; a server without it would
                     // answer NOSCRIPT and fail the run.
@@ -489,7 +510,7 @@ pub fn ops(
                 }
                 other => {
                     return Err(io::Error::other(format!(
-                        "ops: unknown command {other} (set, get, lpush, rpop, evalsha)"
+                        "ops: unknown command {other} (set, get, lpush, rpop, evalsha, push)"
                     )))
                 }
             }
@@ -517,6 +538,8 @@ fn ops_case(
     let conns = o.connections.max(1);
     let sha = sha1_hex(OPS_SCRIPT);
     let sha = sha.as_bytes();
+    // A push is one unit of four commands (MULTI, SADD, LPUSH, EXEC).
+    let replies_per_unit = if cmd == "push" { 4 } else { 1 };
     let batches_per_conn = requests.div_ceil((conns * p) as u64);
     let total = batches_per_conn * (conns * p) as u64;
     let ctl = Arc::new(Ctl::new(t, total));
@@ -535,8 +558,13 @@ fn ops_case(
                     let n = p * 1024usize.div_ceil(p);
                     let mut ring = Vec::with_capacity(n * 40);
                     let mut offs = Vec::with_capacity(n + 1);
-                    for _ in 0..n {
+                    for seq in 0..n {
                         offs.push(ring.len());
+                        if cmd == "push" {
+                            let queue = rng.below(PUSH_QUEUES);
+                            encode_push(&mut ring, queue, (j * n + seq) as u64);
+                            continue;
+                        }
                         let key = ops_key(cmd, rng.below(o.keyspace.max(1)));
                         match cmd {
                             "set" => resp::encode(&mut ring, &[b"SET", &key, value]),
@@ -569,7 +597,7 @@ fn ops_case(
                             break;
                         }
                         c.send(&ring[offs[at]..offs[at + p]]).await?;
-                        c.expect(p).await?;
+                        c.expect(p * replies_per_unit).await?;
                         ctl.add(p as u64);
                         at += p;
                         if at >= slots {
