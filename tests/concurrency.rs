@@ -457,3 +457,63 @@ fn cross_shard_list_moves_conserve_elements_threads4() {
 fn cross_shard_list_moves_conserve_elements_threads2() {
     lmove_conserves_elements(2);
 }
+
+fn info_hops(c: &mut Client) -> i64 {
+    let info = c
+        .cmd(&["INFO", "transactions"])
+        .as_string()
+        .expect("INFO text");
+    info.lines()
+        .find_map(|l| l.strip_prefix("hops:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("hops in INFO transactions")
+}
+
+/// A multi-shard EXEC asks each other shard once: its commands travel with the lock
+/// request. Sidekiq's push (MULTI, SADD queues, LPUSH queue:x, EXEC) is one of these on
+/// every job, and all of them share the `queues` key, so every round trip made while its
+/// lock is held is a wait for every other push.
+#[test]
+fn a_multi_shard_exec_asks_the_other_shard_once() {
+    let server = KiteServer::start(&[], 2);
+    let on_shard = |shard: usize, tag: &str| {
+        (0..)
+            .map(|i| format!("{tag}{i}"))
+            .find(|k| shard_of(k, 2) == shard)
+            .expect("a key")
+    };
+    let (a, b) = (on_shard(0, "a"), on_shard(1, "b"));
+    let (c, d) = (on_shard(0, "c"), on_shard(1, "d"));
+    let mut admin = server.client();
+    // Two connections, dealt to the two threads in turn: each shard is the other one
+    // for one of them.
+    let mut clients = [server.client(), server.client()];
+    const ROUNDS: i64 = 20;
+    let before = info_hops(&mut admin);
+    for round in 0..ROUNDS {
+        let client = &mut clients[round as usize % 2];
+        let replies = client.pipeline(&[
+            vec!["MULTI"],
+            vec!["SADD", &a, "x"],
+            vec!["LPUSH", &b, "job"],
+            vec!["INCR", &c],
+            vec!["RPUSH", &d, "job"],
+            vec!["EXEC"],
+        ]);
+        let exec = replies
+            .last()
+            .unwrap()
+            .as_array()
+            .expect("EXEC array")
+            .to_vec();
+        assert_eq!(exec.len(), 4, "EXEC replies: {exec:?}");
+        assert_eq!(exec[2], Resp::Integer(round + 1));
+    }
+    let hops = info_hops(&mut admin) - before;
+    assert!(
+        hops <= ROUNDS + 4,
+        "{ROUNDS} two-shard transactions made {hops} hops to the other thread"
+    );
+    assert_eq!(admin.cmd(&["LLEN", &b]), Resp::Integer(ROUNDS));
+    assert_eq!(admin.cmd(&["LLEN", &d]), Resp::Integer(ROUNDS));
+}

@@ -16,7 +16,7 @@ use crate::async_handler;
 use crate::protocol::reply::Reply;
 use crate::server::session::Session;
 use crate::shard::locks::LockKeys;
-use crate::shard::tx::{keys_by_shard, Tx};
+use crate::shard::tx::{keys_by_shard, Part, Step, Tx};
 use crate::shard::{exec_here, hop, run_batch_on, unix_ms, BatchSpec, WatchCheck};
 
 pub struct MultiState {
@@ -237,6 +237,28 @@ async_handler!(exec, |sess, _args| {
     } else {
         plan(sess, &m.queued, &watched)
     };
+    if let Plan::Spread {
+        all_shards: false, ..
+    } = planned
+    {
+        // Without WATCH or refusals, a transaction whose commands each live on one shard
+        // sends each shard its share with the lock request.
+        if watch.is_none() && !any_refused {
+            if let Some(targets) = each_on_one_shard(sess, &m.queued) {
+                let parts = shares(sess, m.queued, &targets);
+                sess.worker.shard.borrow_mut().stats.multi_shard += 1;
+                let (tx, replies) = Tx::run_parts(&sess.worker, parts).await;
+                sess.out.array(n);
+                for reply in replies {
+                    sess.out.buf.extend_from_slice(&reply);
+                }
+                sess.away_us = Some(tx.away_us());
+                drop(tx);
+                unwatch_all(sess);
+                return;
+            }
+        }
+    }
     match planned {
         Plan::OneShard(target) => {
             let spec = BatchSpec {
@@ -312,6 +334,63 @@ async_handler!(exec, |sess, _args| {
     }
     unwatch_all(sess);
 });
+
+/// The shard of each queued command when every one has keys and they all live on one
+/// shard (each command its own), else `None`.
+fn each_on_one_shard(
+    sess: &Session,
+    queued: &[(&'static Command, Vec<Bytes>)],
+) -> Option<Vec<usize>> {
+    queued
+        .iter()
+        .map(|(cmd, args)| match (cmd.handler, route(sess, cmd, args)) {
+            (Handler::Shard(_) | Handler::Multi(..), Route::Shard(s)) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Groups the queued commands into one share per shard (`targets` from
+/// `each_on_one_shard`), each command run there as `run_in_tx` runs it.
+fn shares(
+    sess: &Session,
+    queued: Vec<(&'static Command, Vec<Bytes>)>,
+    targets: &[usize],
+) -> Vec<Part> {
+    let mut parts: Vec<Part> = Vec::new();
+    let (db, resp3, no_touch) = (sess.db, sess.out.resp3, sess.no_touch);
+    for (at, ((cmd, args), &shard)) in queued.into_iter().zip(targets).enumerate() {
+        let (Handler::Shard(f) | Handler::Multi(f, _)) = cmd.handler else {
+            unreachable!("each_on_one_shard takes keyed commands only")
+        };
+        let part = match parts.iter().position(|p| p.shard == shard) {
+            Some(i) => &mut parts[i],
+            None => {
+                parts.push(Part {
+                    shard,
+                    keys: Vec::new(),
+                    steps: Vec::new(),
+                });
+                parts.last_mut().expect("just pushed")
+            }
+        };
+        part.keys.extend(
+            cmd.key_positions(&args)
+                .into_iter()
+                .map(|i| args[i].clone()),
+        );
+        let reader = sess.reader();
+        let step: Step = Box::new(move |sh| {
+            let mut out = Reply::new(resp3);
+            sh.current = reader;
+            exec_here(sh, cmd, f, &args, db, &mut out, no_touch);
+            sh.current = None;
+            out.buf
+        });
+        part.steps.push((at, step));
+    }
+    parts
+}
 
 /// Checks the watched keys of a multi-shard EXEC on each shard holding one.
 async fn watch_broken(sess: &Session, tx: &Tx, check: WatchCheck) -> bool {

@@ -34,6 +34,9 @@ pub enum Waiting {
     /// A command (or the rest of a pipelined batch) that runs once its keys are free,
     /// holding nothing while it waits.
     Run(Box<dyn FnOnce()>),
+    /// A transaction's share of work on this shard: the keys become held by it, then it
+    /// runs, here, in the same step (`acquire_then`).
+    Hold(Box<dyn FnOnce()>),
 }
 
 struct Waiter {
@@ -204,6 +207,23 @@ impl LockTable {
         }
     }
 
+    /// Takes the locks for `then` and hands it back to run now if they are free, else
+    /// queues it to be run once they are held. Either way the keys stay held when it
+    /// runs, until `release`.
+    pub fn acquire_then(
+        &mut self,
+        keys: LockKeys,
+        then: Box<dyn FnOnce()>,
+    ) -> Option<Box<dyn FnOnce()>> {
+        if self.is_free_for(&keys) {
+            self.hold(&keys);
+            Some(then)
+        } else {
+            self.enqueue(keys, Waiting::Hold(then));
+            None
+        }
+    }
+
     /// Queues work behind the current holders of (or earlier waiters for) `keys`.
     pub fn enqueue(&mut self, keys: LockKeys, what: Waiting) {
         self.waited_total += 1;
@@ -283,6 +303,10 @@ impl LockTable {
                         runnable.push(Box::new(move || {
                             let _ = tx.send(());
                         }) as Box<dyn FnOnce()>);
+                    }
+                    Waiting::Hold(f) => {
+                        self.hold(&w.keys);
+                        runnable.push(f);
                     }
                     Waiting::Run(f) => runnable.push(f),
                 }

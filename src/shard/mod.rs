@@ -1702,18 +1702,54 @@ pub fn release_unit(worker: &Rc<Worker>, keys: &locks::UnitKeys) {
     mailbox::flush_outbox();
 }
 
+thread_local! {
+    /// Releases asked for while this thread is inside `release_locks`, in order.
+    static RELEASING: RefCell<Option<VecDeque<LockKeys>>> = const { RefCell::new(None) };
+}
+
 /// Releases locks held on this thread's shard, starts whatever was waiting for them, and
 /// serves clients blocked on keys the transaction filled.
 pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
-    let runnable = {
-        let mut shard = worker.shard.borrow_mut();
-        // Effects logged here so far precede any transaction granted a lock now.
-        shard.aof_flush();
-        shard.locks.release(keys)
-    };
-    for f in runnable {
-        f();
+    // A transaction's last share, started by a release here, lets its own keys go at
+    // once (`tx::run_part`), which may start the next such share, and so on down a queue
+    // of pushes behind one hot key: those releases are looped over here, not nested.
+    let outermost = RELEASING.with(|r| {
+        let mut r = r.borrow_mut();
+        match r.as_mut() {
+            Some(later) => {
+                later.push_back(keys.clone());
+                false
+            }
+            None => {
+                *r = Some(VecDeque::new());
+                true
+            }
+        }
+    });
+    if !outermost {
+        return;
     }
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            RELEASING.with(|r| *r.borrow_mut() = None);
+        }
+    }
+    let done = Done;
+    let mut next = Some(keys.clone());
+    while let Some(keys) = next {
+        let runnable = {
+            let mut shard = worker.shard.borrow_mut();
+            // Effects logged here so far precede any transaction granted a lock now.
+            shard.aof_flush();
+            shard.locks.release(&keys)
+        };
+        for f in runnable {
+            f();
+        }
+        next = RELEASING.with(|r| r.borrow_mut().as_mut().and_then(|l| l.pop_front()));
+    }
+    drop(done);
     after_command(worker);
     // Batches from other threads that waited for these locks ran just now, wherever
     // this release came from (a connection's task, a sync call): their results go home

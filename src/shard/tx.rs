@@ -4,16 +4,47 @@
 //! touches (ascending shard order, so it cannot deadlock with another), runs its steps on
 //! those shards, and releases everything when dropped. Commands on other keys are never
 //! held up by it.
+//!
+//! A transaction whose every command lives on one shard (`Tx::run_parts`) sends each
+//! shard its share of the commands with the lock request: the share runs there as soon as
+//! the keys are held, and the last shard's grant, which completes the set of locks, also
+//! writes the transaction's block to the AOF and lets its own keys go at once. One round
+//! trip per other shard, and the last shard's keys are held only while its share runs.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::sync::oneshot;
 
 use super::locks::LockKeys;
 use super::{hop, release_locks, Shard, Worker};
+use crate::persist::aof::Piece;
+
+/// One queued command of a transaction, run on its shard under the transaction's locks;
+/// it returns its reply.
+pub type Step = Box<dyn FnOnce(&mut Shard) -> BytesMut + Send>;
+
+/// One shard's share of a transaction whose commands each live on one shard: the keys
+/// it locks there and its commands, each with its place in the queue.
+pub struct Part {
+    pub shard: usize,
+    pub keys: Vec<Bytes>,
+    pub steps: Vec<(usize, Step)>,
+}
+
+/// What a share sends home: each command's reply, keyspace events and effects by its
+/// place in the queue (no effects from the last share, which wrote the whole block), its
+/// writes and how long it ran.
+type KeyEvent = (usize, &'static str, Bytes);
+struct PartDone {
+    replies: Vec<(usize, BytesMut)>,
+    events: Vec<(usize, Vec<KeyEvent>)>,
+    effects: Vec<(usize, Piece)>,
+    dirty: u64,
+    ran_us: u64,
+}
 
 pub struct Tx {
     worker: Rc<Worker>,
@@ -54,19 +85,22 @@ pub fn keys_by_shard<'a>(
 
 impl Tx {
     /// Locks `wants` shard by shard in ascending order and returns once all are held.
-    pub async fn begin(worker: &Rc<Worker>, mut wants: Vec<(usize, LockKeys)>) -> Tx {
-        wants.sort_by_key(|w| w.0);
-        let id = worker.shared.next_tx_id.fetch_add(1, Ordering::Relaxed);
-        let mut tx = Tx {
+    fn new(worker: &Rc<Worker>, shards: usize) -> Tx {
+        Tx {
             worker: worker.clone(),
-            id,
-            held: Vec::with_capacity(wants.len()),
+            id: worker.shared.next_tx_id.fetch_add(1, Ordering::Relaxed),
+            held: Vec::with_capacity(shards),
             events: RefCell::new(Vec::new()),
             effects: RefCell::new(Vec::new()),
             dirty: Cell::new(0),
             rewrite: RefCell::new(None),
             away_us: Cell::new(0),
-        };
+        }
+    }
+
+    pub async fn begin(worker: &Rc<Worker>, mut wants: Vec<(usize, LockKeys)>) -> Tx {
+        wants.sort_by_key(|w| w.0);
+        let mut tx = Tx::new(worker, wants.len());
         for (shard, keys) in wants {
             let (grant, granted) = oneshot::channel();
             let request = keys.clone();
@@ -95,6 +129,71 @@ impl Tx {
             "transaction holds its locks"
         );
         tx
+    }
+
+    /// Runs a transaction whose commands each live on one shard: shard by shard in
+    /// ascending order, each share is sent with its lock request and runs where it is
+    /// granted; the last share's grant holds the last of the locks, so it writes the
+    /// whole block to the AOF there and lets its keys go. The earlier shards' keys go when
+    /// the returned `Tx` is dropped. Returns the replies in queue order.
+    ///
+    /// Running a share before the later shards are locked is safe: its keys stay held,
+    /// so nothing sees its effects before the rest have run, and a transaction's commands
+    /// never fail in a way that undoes them.
+    pub async fn run_parts(worker: &Rc<Worker>, mut parts: Vec<Part>) -> (Tx, Vec<BytesMut>) {
+        parts.sort_by_key(|p| p.shard);
+        let mut tx = Tx::new(worker, parts.len());
+        let mut replies: Vec<(usize, BytesMut)> = Vec::new();
+        let mut events: Vec<(usize, Vec<KeyEvent>)> = Vec::new();
+        // The earlier shares' effects, for the last share to write in queue order.
+        let mut effects: Vec<(usize, Piece)> = Vec::new();
+        let count = parts.len();
+        for (i, part) in parts.into_iter().enumerate() {
+            let shard = part.shard;
+            let keys = LockKeys::Keys(part.keys);
+            let last = i + 1 == count;
+            let block = last.then(|| std::mem::take(&mut effects));
+            let (done, answer) = oneshot::channel();
+            let home = worker.id;
+            let steps = part.steps;
+            let lock = keys.clone();
+            let ask = move |w: &Rc<Worker>| {
+                let here = w.clone();
+                let held = lock.clone();
+                let then: Box<dyn FnOnce()> = Box::new(move || {
+                    let out = run_part(&here, steps, block, &held);
+                    here.shared.answer(home, done, out);
+                });
+                let now = w.shard.borrow_mut().locks.acquire_then(lock, then);
+                if let Some(then) = now {
+                    then();
+                }
+            };
+            if shard == worker.id {
+                ask(worker);
+            } else {
+                worker.shard.borrow_mut().stats.hops += 1;
+                worker.shared.send(shard, Box::new(ask));
+            }
+            let out: PartDone = answer.await.expect("shard thread stopped");
+            if !last {
+                tx.held.push((shard, keys));
+            }
+            if shard != worker.id {
+                tx.away_us.set(tx.away_us.get() + out.ran_us);
+            }
+            effects.extend(out.effects);
+            tx.dirty.set(tx.dirty.get() + out.dirty);
+            replies.extend(out.replies);
+            events.extend(out.events);
+        }
+        // Replies and keyspace events in the order the commands were queued.
+        replies.sort_by_key(|r| r.0);
+        events.sort_by_key(|e| e.0);
+        tx.events
+            .get_mut()
+            .extend(events.into_iter().flat_map(|(_, e)| e));
+        (tx, replies.into_iter().map(|(_, r)| r).collect())
     }
 
     /// Locks the given keys (grouped by shard) plus, with `all_shards`, every shard whole.
@@ -196,6 +295,57 @@ impl Tx {
             None if self.dirty() != before => self.log(db, args),
             None => {}
         }
+    }
+}
+
+/// Runs a share of `Tx::run_parts` on its shard, whose keys it holds; the last share also
+/// writes the transaction's block (`block`: the earlier shares' effects) and lets go.
+fn run_part(
+    w: &Rc<Worker>,
+    steps: Vec<(usize, Step)>,
+    block: Option<Vec<(usize, Piece)>>,
+    keys: &LockKeys,
+) -> PartDone {
+    let start = crate::clock::Stopwatch::start();
+    let mut sh = w.shard.borrow_mut();
+    // What this shard logged before the grant precedes the transaction's block.
+    sh.aof_flush();
+    sh.aof_hold();
+    let dirty_before = sh.dirty;
+    let mut replies = Vec::with_capacity(steps.len());
+    let mut events = Vec::new();
+    let mut effects = Vec::new();
+    for (at, step) in steps {
+        let mark = sh.aof.mark();
+        replies.push((at, step(&mut sh)));
+        let piece = sh.aof.take_since(mark);
+        if !piece.bytes.is_empty() {
+            effects.push((at, piece));
+        }
+        if !sh.events.is_empty() {
+            events.push((at, std::mem::take(&mut sh.events)));
+        }
+    }
+    sh.aof_release();
+    let dirty = sh.dirty - dirty_before;
+    drop(sh);
+    let ran_us = start.elapsed_us();
+    if let Some(mut pieces) = block {
+        // Every lock of the transaction is held here: the block follows what ran before
+        // on its keys and precedes what runs after. Its commands go in queue order, as a
+        // replica or a replay must apply them.
+        pieces.append(&mut effects);
+        pieces.sort_by_key(|p| p.0);
+        let block = crate::persist::aof::effects::wrap(pieces.into_iter().map(|p| p.1).collect());
+        w.shared.persist.aof.send_piece(block);
+        release_locks(w, keys);
+    }
+    PartDone {
+        replies,
+        events,
+        effects,
+        dirty,
+        ran_us,
     }
 }
 
