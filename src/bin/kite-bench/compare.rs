@@ -310,6 +310,7 @@ fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -
                     requests: a.ops_requests,
                     keyspace: 10_000,
                     data_size: 3,
+                    queue_set: "kb:queues".into(),
                 },
                 each,
             )?,

@@ -143,6 +143,11 @@ pub struct OpsArgs {
     /// Value size in bytes for SET and LPUSH.
     #[arg(long, default_value_t = 3)]
     pub data_size: usize,
+    /// The set of queue names the `push` case adds to on every push (Sidekiq's `queues`).
+    /// Every push waits for the others on this key; its shard decides whether it is the
+    /// first or the last shard a push locks.
+    #[arg(long, default_value = "kb:queues")]
+    pub queue_set: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -283,6 +288,7 @@ pub fn run_ops(t: &Target, a: &OpsArgs, each: &mut dyn FnMut(RunResult)) -> std:
             requests: a.requests,
             keyspace: a.keyspace.max(1),
             data_size: a.data_size,
+            queue_set: a.queue_set.clone(),
         },
         |r| each(r.clone()),
     )?;

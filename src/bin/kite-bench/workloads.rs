@@ -409,6 +409,8 @@ pub struct OpsOpts {
     pub requests: u64,
     pub keyspace: u64,
     pub data_size: usize,
+    /// The `push` case's set of queue names.
+    pub queue_set: String,
 }
 
 /// The small script of the `evalsha` case: one write and its reply, as queue libraries'
@@ -418,17 +420,14 @@ const OPS_SCRIPT: &[u8] = b"return redis.call('SET', KEYS[1], ARGV[1])";
 /// Queues the `push` case spreads its jobs over, as an application's few Sidekiq queues.
 const PUSH_QUEUES: u64 = 8;
 
-/// The set of queue names Sidekiq's client adds each pushed job's queue to.
-const PUSH_QUEUE_SET: &[u8] = b"kb:queues";
-
 /// One Sidekiq client push (Sidekiq 7's `Client#raw_push`): the queue named in the set of
 /// queues and the job pushed onto its list, in one MULTI/EXEC. Four replies.
-fn encode_push(out: &mut Vec<u8>, queue: u64, seq: u64) {
+fn encode_push(out: &mut Vec<u8>, queue_set: &[u8], queue: u64, seq: u64) {
     let list = ops_key("push", queue);
     let mut job = Vec::with_capacity(JOB_BYTES);
     sidekiq_job(&mut job, &String::from_utf8_lossy(&list), queue, seq);
     resp::encode(out, &[b"MULTI"]);
-    resp::encode(out, &[b"SADD", PUSH_QUEUE_SET, &list[b"kb:queue:".len()..]]);
+    resp::encode(out, &[b"SADD", queue_set, &list[b"kb:queue:".len()..]]);
     resp::encode(out, &[b"LPUSH", &list, &job]);
     resp::encode(out, &[b"EXEC"]);
 }
@@ -453,7 +452,7 @@ pub fn ops(
         .flat_map(|n| [ops_key("set", n), ops_key("lpush", n)])
         .collect();
     all_keys.extend((0..PUSH_QUEUES).map(|n| ops_key("push", n)));
-    all_keys.push(PUSH_QUEUE_SET.to_vec());
+    all_keys.push(o.queue_set.as_bytes().to_vec());
     admin.del_keys(&all_keys)?;
     let value = vec![b'x'; o.data_size];
     for &p in &o.pipelines {
@@ -562,7 +561,12 @@ fn ops_case(
                         offs.push(ring.len());
                         if cmd == "push" {
                             let queue = rng.below(PUSH_QUEUES);
-                            encode_push(&mut ring, queue, (j * n + seq) as u64);
+                            encode_push(
+                                &mut ring,
+                                o.queue_set.as_bytes(),
+                                queue,
+                                (j * n + seq) as u64,
+                            );
                             continue;
                         }
                         let key = ops_key(cmd, rng.below(o.keyspace.max(1)));
@@ -623,6 +627,7 @@ fn ops_case(
         ("requests".into(), total.into()),
         ("keyspace".into(), o.keyspace.into()),
         ("data_size".into(), o.data_size.into()),
+        ("queue_set".into(), o.queue_set.clone().into()),
         ("client_threads".into(), threads.into()),
     ];
     finish(r, t, &ctl, admin, &stats0)
