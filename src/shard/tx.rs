@@ -134,8 +134,8 @@ impl Tx {
     /// Runs a transaction whose commands each live on one shard: shard by shard in
     /// ascending order, each share is sent with its lock request and runs where it is
     /// granted; the last share's grant holds the last of the locks, so it writes the
-    /// whole block to the AOF there and lets its keys go. The earlier shards' keys go when
-    /// the returned `Tx` is dropped. Returns the replies in queue order.
+    /// whole block to the AOF there and lets every key of the transaction go. Returns the
+    /// replies in queue order, and the `Tx` whose drop publishes the keyspace events.
     ///
     /// Running a share before the later shards are locked is safe: its keys stay held,
     /// so nothing sees its effects before the rest have run, and a transaction's commands
@@ -152,7 +152,12 @@ impl Tx {
             let shard = part.shard;
             let keys = LockKeys::Keys(part.keys);
             let last = i + 1 == count;
-            let block = last.then(|| std::mem::take(&mut effects));
+            // The last share lets every key go: the earlier shares' held at once after the
+            // block, from there, not after its answer has come home.
+            let finish = last.then(|| Finish {
+                pieces: std::mem::take(&mut effects),
+                earlier: std::mem::take(&mut tx.held),
+            });
             let (done, answer) = oneshot::channel();
             let home = worker.id;
             let steps = part.steps;
@@ -161,7 +166,7 @@ impl Tx {
                 let here = w.clone();
                 let held = lock.clone();
                 let then: Box<dyn FnOnce()> = Box::new(move || {
-                    let out = run_part(&here, steps, block, &held);
+                    let out = run_part(&here, steps, finish, &held);
                     here.shared.answer(home, done, out);
                 });
                 let now = w.shard.borrow_mut().locks.acquire_then(lock, then);
@@ -298,12 +303,19 @@ impl Tx {
     }
 }
 
+/// What the last share of `Tx::run_parts` finishes the transaction with: the earlier
+/// shares' effects, and the keys they hold.
+struct Finish {
+    pieces: Vec<(usize, Piece)>,
+    earlier: Vec<(usize, LockKeys)>,
+}
+
 /// Runs a share of `Tx::run_parts` on its shard, whose keys it holds; the last share also
-/// writes the transaction's block (`block`: the earlier shares' effects) and lets go.
+/// writes the transaction's block and lets every key of the transaction go.
 fn run_part(
     w: &Rc<Worker>,
     steps: Vec<(usize, Step)>,
-    block: Option<Vec<(usize, Piece)>>,
+    finish: Option<Finish>,
     keys: &LockKeys,
 ) -> PartDone {
     let start = crate::clock::Stopwatch::start();
@@ -330,7 +342,11 @@ fn run_part(
     let dirty = sh.dirty - dirty_before;
     drop(sh);
     let ran_us = start.elapsed_us();
-    if let Some(mut pieces) = block {
+    if let Some(Finish {
+        mut pieces,
+        earlier,
+    }) = finish
+    {
         // Every lock of the transaction is held here: the block follows what ran before
         // on its keys and precedes what runs after. Its commands go in queue order, as a
         // replica or a replay must apply them.
@@ -339,6 +355,11 @@ fn run_part(
         let block = crate::persist::aof::effects::wrap(pieces.into_iter().map(|p| p.1).collect());
         w.shared.persist.aof.send_piece(block);
         release_locks(w, keys);
+        // Each earlier share is on another shard, so another thread.
+        for (shard, keys) in earlier {
+            w.shared
+                .send(shard, Box::new(move |w| release_locks(w, &keys)));
+        }
     }
     PartDone {
         replies,
