@@ -311,6 +311,7 @@ fn run_workloads(a: &CompareArgs, t: &Target, each: &mut dyn FnMut(RunResult)) -
                     keyspace: 10_000,
                     data_size: 3,
                     queue_set: "kb:queues".into(),
+                    push_queues: 8,
                 },
                 each,
             )?,

@@ -148,6 +148,9 @@ pub struct OpsArgs {
     /// first or the last shard a push locks.
     #[arg(long, default_value = "kb:queues")]
     pub queue_set: String,
+    /// Queues the `push` case spreads its jobs over (`kb:queue:0`, `kb:queue:1`...).
+    #[arg(long, default_value_t = 8)]
+    pub push_queues: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -289,6 +292,7 @@ pub fn run_ops(t: &Target, a: &OpsArgs, each: &mut dyn FnMut(RunResult)) -> std:
             keyspace: a.keyspace.max(1),
             data_size: a.data_size,
             queue_set: a.queue_set.clone(),
+            push_queues: a.push_queues,
         },
         |r| each(r.clone()),
     )?;

@@ -411,14 +411,13 @@ pub struct OpsOpts {
     pub data_size: usize,
     /// The `push` case's set of queue names.
     pub queue_set: String,
+    /// The `push` case's number of queues.
+    pub push_queues: u64,
 }
 
 /// The small script of the `evalsha` case: one write and its reply, as queue libraries'
 /// scripts do in their shortest form.
 const OPS_SCRIPT: &[u8] = b"return redis.call('SET', KEYS[1], ARGV[1])";
-
-/// Queues the `push` case spreads its jobs over, as an application's few Sidekiq queues.
-const PUSH_QUEUES: u64 = 8;
 
 /// One Sidekiq client push (Sidekiq 7's `Client#raw_push`): the queue named in the set of
 /// queues and the job pushed onto its list, in one MULTI/EXEC. Four replies.
@@ -451,7 +450,7 @@ pub fn ops(
     let mut all_keys: Vec<Vec<u8>> = (0..o.keyspace)
         .flat_map(|n| [ops_key("set", n), ops_key("lpush", n)])
         .collect();
-    all_keys.extend((0..PUSH_QUEUES).map(|n| ops_key("push", n)));
+    all_keys.extend((0..o.push_queues).map(|n| ops_key("push", n)));
     all_keys.push(o.queue_set.as_bytes().to_vec());
     admin.del_keys(&all_keys)?;
     let value = vec![b'x'; o.data_size];
@@ -560,7 +559,7 @@ fn ops_case(
                     for seq in 0..n {
                         offs.push(ring.len());
                         if cmd == "push" {
-                            let queue = rng.below(PUSH_QUEUES);
+                            let queue = rng.below(o.push_queues.max(1));
                             encode_push(
                                 &mut ring,
                                 o.queue_set.as_bytes(),
@@ -628,6 +627,7 @@ fn ops_case(
         ("keyspace".into(), o.keyspace.into()),
         ("data_size".into(), o.data_size.into()),
         ("queue_set".into(), o.queue_set.clone().into()),
+        ("push_queues".into(), o.push_queues.into()),
         ("client_threads".into(), threads.into()),
     ];
     finish(r, t, &ctl, admin, &stats0)
