@@ -517,3 +517,76 @@ fn a_multi_shard_exec_asks_the_other_shard_once() {
     assert_eq!(admin.cmd(&["LLEN", &b]), Resp::Integer(ROUNDS));
     assert_eq!(admin.cmd(&["LLEN", &d]), Resp::Integer(ROUNDS));
 }
+
+fn info_field(c: &mut Client, section: &str, name: &str) -> i64 {
+    let info = c.cmd(&["INFO", section]).as_string().expect("INFO text");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in INFO {section}"))
+}
+
+/// Pushes queued behind one another on the shard of a key they all name go on together
+/// (a convoy): one round trip to the other shard for all of them, not one each.
+#[test]
+fn pushes_queued_behind_a_hot_key_travel_together() {
+    let server = KiteServer::start(&[], 2);
+    let on_shard = |shard: usize, tag: &str| {
+        (0..)
+            .map(|i| format!("{tag}{i}"))
+            .find(|k| shard_of(k, 2) == shard)
+            .expect("a key")
+    };
+    let (set, list, busy) = (
+        on_shard(0, "queues"),
+        on_shard(1, "queue:"),
+        on_shard(1, "busy"),
+    );
+    let mut admin = server.client();
+    let before = info_field(&mut admin, "transactions", "convoy_joins");
+    // A script on the list's shard keeps its thread busy for 0.3 s (scripts run on
+    // the thread of their key): the first push to take the set waits there for it,
+    // holding the set, and the pushes behind it queue on the set.
+    let mut runner = server.client();
+    let script = thread::spawn(move || {
+        let r = runner.cmd(&[
+            "EVAL",
+            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 300000 \
+             return 1",
+            "1",
+            &busy,
+        ]);
+        assert_eq!(r, Resp::Integer(1));
+    });
+    thread::sleep(std::time::Duration::from_millis(100));
+    const PUSHERS: usize = 12;
+    let pushers: Vec<_> = (0..PUSHERS)
+        .map(|i| {
+            let mut c = server.client();
+            let (set, list) = (set.clone(), list.clone());
+            thread::spawn(move || {
+                let job = format!("job{i}");
+                let replies = c.pipeline(&[
+                    vec!["MULTI"],
+                    vec!["SADD", &set, "default"],
+                    vec!["LPUSH", &list, &job],
+                    vec!["EXEC"],
+                ]);
+                let exec = replies[3].as_array().expect("EXEC array").to_vec();
+                assert_eq!(exec.len(), 2, "EXEC replies: {exec:?}");
+            })
+        })
+        .collect();
+    for p in pushers {
+        p.join().unwrap();
+    }
+    script.join().unwrap();
+    assert_eq!(admin.cmd(&["LLEN", &list]), Resp::Integer(PUSHERS as i64));
+    assert_eq!(admin.cmd(&["SCARD", &set]), Resp::Integer(1));
+    let joins = info_field(&mut admin, "transactions", "convoy_joins") - before;
+    assert!(
+        joins >= 1,
+        "{PUSHERS} pushes queued behind a held key, and none went on with another"
+    );
+}

@@ -1251,6 +1251,56 @@ fn keyspace_events_of_a_multi_shard_exec_come_in_queue_order() {
 /// Redis); the waiter gets it exactly once, the list is gone afterwards and a second
 /// BRPOP times out. With two waiters and two pushes in one transaction, the first
 /// blocked gets the first job pushed (BRPOP takes the tail) and the second the other.
+/// A client blocked on a list that a multi-shard EXEC pushes to is served once the
+/// EXEC's keys go, so its pop's event comes after the EXEC's push, as on Redis, where
+/// the blocked client is served after the EXEC has run (the pop must not be published
+/// first because the EXEC's own events wait for its connection's thread).
+#[test]
+fn a_pop_served_by_a_multi_shard_exec_is_published_after_its_push() {
+    for threads in THREADS {
+        for list_shard in [0, 1] {
+            let what = format!("--threads {threads}, the list on shard {list_shard}");
+            let kite = KiteServer::start(&[], threads);
+            let mut admin = kite.client();
+            assert_eq!(
+                admin.cmd(&["CONFIG", "SET", "notify-keyspace-events", "KEA"]),
+                Resp::ok()
+            );
+            let a = key_on("pe:a:", 1 - list_shard, threads);
+            let list = key_on("pe:list:", list_shard, threads);
+            let mut sub = kite.client();
+            sub.send(&["PSUBSCRIBE", "__keyevent@0__:*"]);
+            assert!(sub.read().as_array().is_some(), "{what}: psubscribe");
+            let mut waiter = kite.client();
+            waiter.send(&["BRPOP", &list, "10"]);
+            common::blocked::wait_blocked(&mut admin, 1, &what);
+            // Connections are dealt to threads in turn: the EXEC runs from each thread.
+            for _ in 0..threads {
+                let _ = kite.client();
+            }
+            let got = transaction(
+                &mut admin,
+                &[cmd(&["SET", &a, "1"]), cmd(&["LPUSH", &list, "job"])],
+                true,
+            );
+            assert_eq!(exec_items(&got, &what).len(), 2, "{what}: {got}");
+            assert_eq!(waiter.read(), bulks(&[&list, "job"]), "{what}: BRPOP");
+            admin.cmd(&["PUBLISH", "__keyevent@0__:end-of-round", "end"]);
+            let events = collect_events(&mut sub, "__keyevent@0__:end-of-round", &what);
+            let expected: Vec<String> = [
+                ("set", &a),
+                ("lpush", &list),
+                ("rpop", &list),
+                ("del", &list),
+            ]
+            .iter()
+            .map(|(e, k)| format!("__keyevent@0__:{e} {k}"))
+            .collect();
+            assert_eq!(events, expected, "{what}");
+        }
+    }
+}
+
 #[test]
 fn brpop_waiter_gets_a_job_pushed_by_a_multi_shard_transaction_exactly_once() {
     for threads in THREADS {

@@ -35,6 +35,7 @@ pub(crate) struct ThreadReport {
     pub(crate) channels: Vec<Bytes>,
     pub(crate) patterns: Vec<Bytes>,
     pub(crate) lock_waits: u64,
+    pub(crate) convoy_joins: u64,
     pub(crate) dirty: u64,
     pub(crate) dirty_saved: u64,
     pub(crate) event_loop: crate::net::LoopCounters,
@@ -122,6 +123,7 @@ pub(crate) fn thread_report(w: &crate::shard::Worker) -> ThreadReport {
         tracking_keys: sh.tracking.keys() as u64,
         tracking_items: sh.tracking.items() as u64,
         lock_waits: sh.locks.waited_total,
+        convoy_joins: sh.locks.convoy_joins,
         dirty: sh.dirty,
         dirty_saved: sh.dirty_saved,
         event_loop: crate::net::loop_counters(),
@@ -438,7 +440,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
     if show("transactions") {
         let _ = write!(
             s,
-            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\npipeline_units:{}\r\npipeline_units_refused:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\nblocking_registrations:{}\r\n\r\n",
+            "# Transactions\r\ninline_commands:{}\r\none_hop_commands:{}\r\nmulti_shard_transactions:{}\r\nhops:{}\r\nsquashed_batches:{}\r\nsquashed_commands:{}\r\npipeline_units:{}\r\npipeline_units_refused:{}\r\nmigrations:{}\r\nlock_waits:{}\r\nconvoy_joins:{}\r\nscripts_fast_path:{}\r\nscripts_global_path:{}\r\nscripts_restarted:{}\r\nscripts_escalated:{}\r\nmailbox_messages:{}\r\nmailbox_pushes:{}\r\nmailbox_wakeups:{}\r\nevent_loop_passes:{}\r\nconnections_visited:{}\r\nsend_batches:{}\r\nbatched_sends:{}\r\nshort_sends:{}\r\nread_ahead_batches:{}\r\nreads_ahead:{}\r\nblocking_registrations:{}\r\n\r\n",
             sum(2),
             sum(3),
             sum(4),
@@ -449,6 +451,7 @@ pub async fn info_text(worker: &std::rc::Rc<crate::shard::Worker>, args: &[Bytes
             sum(23),
             sum(8),
             reports.iter().map(|r| r.lock_waits).sum::<u64>(),
+            reports.iter().map(|r| r.convoy_joins).sum::<u64>(),
             sum(18),
             sum(19),
             sum(20),

@@ -340,7 +340,7 @@ struct UnitLocks {
 
 impl Drop for UnitLocks {
     fn drop(&mut self) {
-        crate::shard::release_unit(&self.worker, &self.keys);
+        crate::shard::release_unit(&self.worker, std::mem::take(&mut self.keys));
     }
 }
 

@@ -20,6 +20,8 @@ use bytes::Bytes;
 use hashbrown::HashMap;
 use tokio::sync::oneshot;
 
+use super::tx::Convoy;
+
 /// What a lock request covers.
 #[derive(Clone, Debug)]
 pub enum LockKeys {
@@ -34,9 +36,15 @@ pub enum Waiting {
     /// A command (or the rest of a pipelined batch) that runs once its keys are free,
     /// holding nothing while it waits.
     Run(Box<dyn FnOnce()>),
-    /// A transaction's share of work on this shard: the keys become held by it, then it
-    /// runs, here, in the same step (`acquire_then`).
-    Hold(Box<dyn FnOnce()>),
+    /// Transactions travelling together along the same shards (`tx::Convoy`), with
+    /// their shares for this shard: the keys become held by them, then `start` runs them
+    /// here. When it is granted, convoys queued behind it for the same `route` whose keys
+    /// only it holds join it (`acquire_convoy`).
+    Convoy {
+        route: Vec<usize>,
+        convoy: Convoy,
+        start: Box<dyn FnOnce(Convoy)>,
+    },
 }
 
 struct Waiter {
@@ -57,6 +65,8 @@ pub struct LockTable {
     hash: hashbrown::DefaultHashBuilder,
     pub granted_total: u64,
     pub waited_total: u64,
+    /// Transactions that joined a convoy granted ahead of them (`wake`).
+    pub convoy_joins: u64,
 }
 
 #[derive(Default)]
@@ -207,19 +217,30 @@ impl LockTable {
         }
     }
 
-    /// Takes the locks for `then` and hands it back to run now if they are free, else
-    /// queues it to be run once they are held. Either way the keys stay held when it
-    /// runs, until `release`.
-    pub fn acquire_then(
+    /// Takes the locks for a convoy and hands it back to be started now if they are
+    /// free, else queues it to be started once they are held. Either way its keys stay
+    /// held, until `release` of each entry in `Convoy::granted`.
+    #[allow(clippy::type_complexity)]
+    pub fn acquire_convoy(
         &mut self,
         keys: LockKeys,
-        then: Box<dyn FnOnce()>,
-    ) -> Option<Box<dyn FnOnce()>> {
+        route: Vec<usize>,
+        mut convoy: Convoy,
+        start: Box<dyn FnOnce(Convoy)>,
+    ) -> Option<(Convoy, Box<dyn FnOnce(Convoy)>)> {
         if self.is_free_for(&keys) {
             self.hold(&keys);
-            Some(then)
+            convoy.granted.push(keys);
+            Some((convoy, start))
         } else {
-            self.enqueue(keys, Waiting::Hold(then));
+            self.enqueue(
+                keys,
+                Waiting::Convoy {
+                    route,
+                    convoy,
+                    start,
+                },
+            );
             None
         }
     }
@@ -276,7 +297,9 @@ impl LockTable {
     /// Walks the queue in order and starts every waiter whose keys are free of holders and
     /// of earlier waiters still queued.
     fn wake(&mut self) -> Vec<Box<dyn FnOnce()>> {
-        let mut runnable = Vec::new();
+        let mut runnable: Vec<Started> = Vec::new();
+        // Convoys granted in this pass, still taking in the ones queued behind them.
+        let mut forming: Vec<Forming> = Vec::new();
         let mut remaining = VecDeque::with_capacity(self.queue.len());
         // Keys of waiters that stay queued in this pass; later waiters sharing them stay too.
         let mut blocked: HashMap<Bytes, ()> = HashMap::new();
@@ -287,6 +310,35 @@ impl LockTable {
                 LockKeys::All => blocked_all || !blocked.is_empty(),
                 LockKeys::Keys(ks) => blocked_all || ks.iter().any(|k| blocked.contains_key(k)),
             };
+            // A convoy for the same shards whose keys are held only by a convoy granted
+            // in this pass joins it: it runs right after it here, goes on with it, in the
+            // same order, to every later shard, and its keys go with it.
+            if let (false, LockKeys::Keys(ks), Waiting::Convoy { route, .. }) =
+                (overtakes || self.all_held > 0, &w.keys, &w.what)
+            {
+                let joins = forming.iter().position(|f| {
+                    f.route == *route
+                        && ks.iter().all(|k| {
+                            self.held.get(k).copied().unwrap_or(0)
+                                == f.holds.get(k).copied().unwrap_or(0)
+                                && self.unit_allows(k, true)
+                        })
+                });
+                if let Some(i) = joins {
+                    self.unqueue(&w.keys);
+                    self.hold(&w.keys);
+                    let Waiting::Convoy { convoy, .. } = w.what else {
+                        unreachable!("matched above")
+                    };
+                    let f = &mut forming[i];
+                    for k in ks {
+                        *f.holds.entry(k.clone()).or_insert(0) += 1;
+                    }
+                    f.convoy.as_mut().expect("forming").absorb(convoy, w.keys);
+                    self.convoy_joins += 1;
+                    continue;
+                }
+            }
             let free = !overtakes
                 && self.all_held == 0
                 && match &w.keys {
@@ -300,15 +352,32 @@ impl LockTable {
                 match w.what {
                     Waiting::Grant(tx) => {
                         self.hold(&w.keys);
-                        runnable.push(Box::new(move || {
+                        runnable.push(Started::Now(Box::new(move || {
                             let _ = tx.send(());
-                        }) as Box<dyn FnOnce()>);
+                        })));
                     }
-                    Waiting::Hold(f) => {
+                    Waiting::Convoy {
+                        route,
+                        mut convoy,
+                        start,
+                    } => {
                         self.hold(&w.keys);
-                        runnable.push(f);
+                        let mut holds = HashMap::new();
+                        if let LockKeys::Keys(ks) = &w.keys {
+                            for k in ks {
+                                *holds.entry(k.clone()).or_insert(0) += 1;
+                            }
+                        }
+                        convoy.granted.push(w.keys);
+                        runnable.push(Started::Convoy(forming.len()));
+                        forming.push(Forming {
+                            route,
+                            holds,
+                            convoy: Some(convoy),
+                            start: Some(start),
+                        });
                     }
-                    Waiting::Run(f) => runnable.push(f),
+                    Waiting::Run(f) => runnable.push(Started::Now(f)),
                 }
             } else {
                 match &w.keys {
@@ -324,7 +393,33 @@ impl LockTable {
         }
         self.queue = remaining;
         runnable
+            .into_iter()
+            .map(|r| match r {
+                Started::Now(f) => f,
+                Started::Convoy(i) => {
+                    let f = &mut forming[i];
+                    let (convoy, start) = (f.convoy.take(), f.start.take());
+                    let (convoy, start) = (convoy.expect("once"), start.expect("once"));
+                    Box::new(move || start(convoy)) as Box<dyn FnOnce()>
+                }
+            })
+            .collect()
     }
+}
+
+/// What `wake` starts, in queue order: a convoy's place is known before the convoys
+/// queued behind it have joined.
+enum Started {
+    Now(Box<dyn FnOnce()>),
+    Convoy(usize),
+}
+
+/// A convoy granted in the current `wake`, with the count of its holds on each key.
+struct Forming {
+    route: Vec<usize>,
+    holds: HashMap<Bytes, u32>,
+    convoy: Option<Convoy>,
+    start: Option<Box<dyn FnOnce(Convoy)>>,
 }
 
 #[cfg(test)]

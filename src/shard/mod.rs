@@ -1684,65 +1684,86 @@ pub fn send_invalidations(worker: &Rc<Worker>) {
 /// Releases the keys a two-shard unit of a pipeline held here for one round trip
 /// (`server::dispatch::run_unit`), starts what waited for them and serves clients blocked
 /// on them; most often none did, and nothing else is to be done.
-pub fn release_unit(worker: &Rc<Worker>, keys: &locks::UnitKeys) {
-    let runnable = {
-        let mut shard = worker.shard.borrow_mut();
-        let runnable = shard.locks.release_unit(keys);
-        if runnable.is_empty() && !shard.blocking.has_ready() {
-            return;
-        }
-        // Effects logged here so far precede any transaction granted a lock now.
-        shard.aof_flush();
-        runnable
-    };
-    for f in runnable {
-        f();
-    }
-    after_command(worker);
-    mailbox::flush_outbox();
-}
-
-thread_local! {
-    /// Releases asked for while this thread is inside `release_locks`, in order.
-    static RELEASING: RefCell<Option<VecDeque<LockKeys>>> = const { RefCell::new(None) };
+pub fn release_unit(worker: &Rc<Worker>, keys: locks::UnitKeys) {
+    release(worker, Release::Unit(keys));
 }
 
 /// Releases locks held on this thread's shard, starts whatever was waiting for them, and
 /// serves clients blocked on keys the transaction filled.
 pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
-    // A transaction's last share, started by a release here, lets its own keys go at
-    // once (`tx::run_part`), which may start the next such share, and so on down a queue
-    // of pushes behind one hot key: those releases are looped over here, not nested.
-    let outermost = RELEASING.with(|r| {
+    release(worker, Release::Locks(keys.clone()));
+}
+
+/// What a release lets go of on this thread's shard.
+enum Release {
+    Locks(LockKeys),
+    Unit(locks::UnitKeys),
+}
+
+thread_local! {
+    /// Releases asked for while this thread is inside `release`, in order.
+    static RELEASING: RefCell<Option<VecDeque<Release>>> = const { RefCell::new(None) };
+}
+
+fn release(worker: &Rc<Worker>, first: Release) {
+    // A transaction's last share, started by a release here, lets its keys go at once
+    // (`tx::run_convoy`), which may start the next one, and so on down a queue of
+    // pushes behind one hot key: those releases are looped over here, not nested, and
+    // whatever a release started runs before what a later one starts.
+    let mut first = Some(first);
+    let nested = RELEASING.with(|r| {
         let mut r = r.borrow_mut();
         match r.as_mut() {
             Some(later) => {
-                later.push_back(keys.clone());
-                false
+                later.extend(first.take());
+                true
             }
             None => {
                 *r = Some(VecDeque::new());
-                true
+                false
             }
         }
     });
-    if !outermost {
+    if nested {
         return;
     }
-    struct Done;
-    impl Drop for Done {
+    struct Done<'a>(&'a Rc<Worker>);
+    impl Drop for Done<'_> {
         fn drop(&mut self) {
-            RELEASING.with(|r| *r.borrow_mut() = None);
+            let left = RELEASING
+                .with(|r| r.borrow_mut().take())
+                .unwrap_or_default();
+            // Unwinding from a command that panicked: the releases still owed run
+            // later on this thread, rather than leaving their keys held for ever.
+            for release in left {
+                let msg: Msg = match release {
+                    Release::Locks(keys) => Box::new(move |w| release_locks(w, &keys)),
+                    Release::Unit(keys) => Box::new(move |w| release_unit(w, keys)),
+                };
+                self.0.shared.send(self.0.id, msg);
+            }
         }
     }
-    let done = Done;
-    let mut next = Some(keys.clone());
-    while let Some(keys) = next {
+    let done = Done(worker);
+    let mut next = first;
+    let mut started = false;
+    while let Some(release) = next {
         let runnable = {
             let mut shard = worker.shard.borrow_mut();
-            // Effects logged here so far precede any transaction granted a lock now.
-            shard.aof_flush();
-            shard.locks.release(&keys)
+            let runnable = match &release {
+                Release::Locks(keys) => shard.locks.release(keys),
+                Release::Unit(keys) => shard.locks.release_unit(keys),
+            };
+            // After a unit, most often nothing waited and nothing is to be done.
+            let anything = matches!(release, Release::Locks(_))
+                || !runnable.is_empty()
+                || shard.blocking.has_ready();
+            if anything {
+                // Effects logged here so far precede any transaction granted a lock now.
+                shard.aof_flush();
+                started = true;
+            }
+            runnable
         };
         for f in runnable {
             f();
@@ -1750,9 +1771,11 @@ pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
         next = RELEASING.with(|r| r.borrow_mut().as_mut().and_then(|l| l.pop_front()));
     }
     drop(done);
-    after_command(worker);
-    // Batches from other threads that waited for these locks ran just now, wherever
-    // this release came from (a connection's task, a sync call): their results go home
-    // now, not after whatever the rest of this pass runs.
-    mailbox::flush_outbox();
+    if started {
+        after_command(worker);
+        // Batches from other threads that waited for these locks ran just now, wherever
+        // this release came from (a connection's task, a sync call): their results go
+        // home now, not after whatever the rest of this pass runs.
+        mailbox::flush_outbox();
+    }
 }

@@ -5,13 +5,16 @@
 //! those shards, and releases everything when dropped. Commands on other keys are never
 //! held up by it.
 //!
-//! A transaction whose every command lives on one shard (`Tx::run_parts`) sends each
-//! shard its share of the commands with the lock request: the share runs there as soon as
-//! the keys are held, and the last shard's grant, which completes the set of locks, also
-//! writes the transaction's block to the AOF and lets its own keys go at once. One round
-//! trip per other shard, and the last shard's keys are held only while its share runs.
+//! A transaction whose every command lives on one shard (`Tx::run_parts`) travels from
+//! shard to shard with its commands: each shard runs its share as soon as the keys are
+//! held and sends the rest on, and the last shard's grant, which completes the set of
+//! locks, also writes the transaction's block to the AOF and lets every key go. One
+//! message per other shard; transactions queued behind one another for the same shards
+//! go along together (a convoy), so a key all of them name is held for one round trip
+//! per convoy.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
@@ -34,17 +37,7 @@ pub struct Part {
     pub steps: Vec<(usize, Step)>,
 }
 
-/// What a share sends home: each command's reply, keyspace events and effects by its
-/// place in the queue (no effects from the last share, which wrote the whole block), its
-/// writes and how long it ran.
 type KeyEvent = (usize, &'static str, Bytes);
-struct PartDone {
-    replies: Vec<(usize, BytesMut)>,
-    events: Vec<(usize, Vec<KeyEvent>)>,
-    effects: Vec<(usize, Piece)>,
-    dirty: u64,
-    ran_us: u64,
-}
 
 pub struct Tx {
     worker: Rc<Worker>,
@@ -131,74 +124,55 @@ impl Tx {
         tx
     }
 
-    /// Runs a transaction whose commands each live on one shard: shard by shard in
-    /// ascending order, each share is sent with its lock request and runs where it is
-    /// granted; the last share's grant holds the last of the locks, so it writes the
-    /// whole block to the AOF there and lets every key of the transaction go. Returns the
-    /// replies in queue order, and the `Tx` whose drop publishes the keyspace events.
+    /// Runs a transaction whose commands each live on one shard. It travels along its
+    /// shards in ascending order (`arrive`): on each, its share goes with the lock
+    /// request and runs as soon as its keys are held, and the shard sends the rest of it
+    /// on to the next. The last shard's grant holds the last of the locks, so it writes
+    /// the whole block to the AOF there, publishes the keyspace events and lets every key
+    /// of the transaction go. Returns the replies in queue order, with the `Tx` (which
+    /// holds nothing by then) for its time and writes.
     ///
     /// Running a share before the later shards are locked is safe: its keys stay held,
     /// so nothing sees its effects before the rest have run, and a transaction's commands
     /// never fail in a way that undoes them.
+    ///
+    /// Transactions queued on a shard behind one that is granted, for the same shards
+    /// and blocked only by its keys, join it as a convoy (`LockTable::wake`): they run
+    /// after it there and travel with it, in that order, so a key every transaction names
+    /// (Sidekiq's `queues`) is held for one round trip per convoy, not per transaction.
     pub async fn run_parts(worker: &Rc<Worker>, mut parts: Vec<Part>) -> (Tx, Vec<BytesMut>) {
         parts.sort_by_key(|p| p.shard);
-        let mut tx = Tx::new(worker, parts.len());
-        let mut replies: Vec<(usize, BytesMut)> = Vec::new();
-        let mut events: Vec<(usize, Vec<KeyEvent>)> = Vec::new();
-        // The earlier shares' effects, for the last share to write in queue order.
-        let mut effects: Vec<(usize, Piece)> = Vec::new();
-        let count = parts.len();
-        for (i, part) in parts.into_iter().enumerate() {
-            let shard = part.shard;
-            let keys = LockKeys::Keys(part.keys);
-            let last = i + 1 == count;
-            // The last share lets every key go: the earlier shares' held at once after the
-            // block, from there, not after its answer has come home.
-            let finish = last.then(|| Finish {
-                pieces: std::mem::take(&mut effects),
-                earlier: std::mem::take(&mut tx.held),
-            });
-            let (done, answer) = oneshot::channel();
-            let home = worker.id;
-            let steps = part.steps;
-            let lock = keys.clone();
-            let ask = move |w: &Rc<Worker>| {
-                let here = w.clone();
-                let held = lock.clone();
-                let then: Box<dyn FnOnce()> = Box::new(move || {
-                    let out = run_part(&here, steps, finish, &held);
-                    here.shared.answer(home, done, out);
-                });
-                let now = w.shard.borrow_mut().locks.acquire_then(lock, then);
-                if let Some(then) = now {
-                    then();
-                }
-            };
-            if shard == worker.id {
-                ask(worker);
-            } else {
-                worker.shard.borrow_mut().stats.hops += 1;
-                worker.shared.send(shard, Box::new(ask));
-            }
-            let out: PartDone = answer.await.expect("shard thread stopped");
-            if !last {
-                tx.held.push((shard, keys));
-            }
-            if shard != worker.id {
-                tx.away_us.set(tx.away_us.get() + out.ran_us);
-            }
-            effects.extend(out.effects);
-            tx.dirty.set(tx.dirty.get() + out.dirty);
-            replies.extend(out.replies);
-            events.extend(out.events);
+        let tx = Tx::new(worker, 0);
+        let remote = parts.iter().filter(|p| p.shard != worker.id).count() as u64;
+        worker.shard.borrow_mut().stats.hops += remote;
+        let (done, answer) = oneshot::channel();
+        let first = parts[0].shard;
+        let convoy = Convoy {
+            members: vec![Chained {
+                home: worker.id,
+                done: Some(done),
+                shares: parts.into(),
+                effects: Vec::new(),
+                replies: Vec::new(),
+                events: Vec::new(),
+                dirty: 0,
+                away_us: 0,
+            }],
+            granted: Vec::new(),
+            held: Vec::new(),
+        };
+        if first == worker.id {
+            arrive(worker, convoy);
+        } else {
+            worker
+                .shared
+                .send(first, Box::new(move |w| arrive(w, convoy)));
         }
-        // Replies and keyspace events in the order the commands were queued.
-        replies.sort_by_key(|r| r.0);
-        events.sort_by_key(|e| e.0);
-        tx.events
-            .get_mut()
-            .extend(events.into_iter().flat_map(|(_, e)| e));
-        (tx, replies.into_iter().map(|(_, r)| r).collect())
+        let mut out: Chained = answer.await.expect("shard thread stopped");
+        tx.away_us.set(out.away_us);
+        tx.dirty.set(out.dirty);
+        out.replies.sort_by_key(|r| r.0);
+        (tx, out.replies.into_iter().map(|(_, r)| r).collect())
     }
 
     /// Locks the given keys (grouped by shard) plus, with `all_shards`, every shard whole.
@@ -303,73 +277,141 @@ impl Tx {
     }
 }
 
-/// What the last share of `Tx::run_parts` finishes the transaction with: the earlier
-/// shares' effects, and the keys they hold.
-struct Finish {
-    pieces: Vec<(usize, Piece)>,
-    earlier: Vec<(usize, LockKeys)>,
+/// A transaction of `Tx::run_parts` on its way along its shards; what comes home.
+pub struct Chained {
+    home: usize,
+    done: Option<oneshot::Sender<Chained>>,
+    /// Its shares still to run, the one for the shard it is at first.
+    shares: VecDeque<Part>,
+    /// Each command's effects, reply and keyspace events, by its place in the queue.
+    effects: Vec<(usize, Piece)>,
+    replies: Vec<(usize, BytesMut)>,
+    events: Vec<(usize, Vec<KeyEvent>)>,
+    dirty: u64,
+    /// How long its shares ran on threads other than its connection's.
+    away_us: u64,
 }
 
-/// Runs a share of `Tx::run_parts` on its shard, whose keys it holds; the last share also
-/// writes the transaction's block and lets every key of the transaction go.
-fn run_part(
-    w: &Rc<Worker>,
-    steps: Vec<(usize, Step)>,
-    finish: Option<Finish>,
-    keys: &LockKeys,
-) -> PartDone {
+/// Transactions travelling together along the same shards, in the order they run on
+/// each, with the keys they hold on the shards behind them.
+pub struct Convoy {
+    members: Vec<Chained>,
+    /// Lock requests granted to it on the shard it is at (one per member that joined
+    /// there), moved into `held` when it runs.
+    pub granted: Vec<LockKeys>,
+    held: Vec<(usize, LockKeys)>,
+}
+
+impl Convoy {
+    /// Takes in a convoy for the same shards that was granted `keys` behind this one.
+    pub fn absorb(&mut self, other: Convoy, keys: LockKeys) {
+        self.members.extend(other.members);
+        self.held.extend(other.held);
+        self.granted.push(keys);
+    }
+
+    /// The shards its members still have to run on, this one first.
+    fn route(&self) -> Vec<usize> {
+        self.members[0].shares.iter().map(|p| p.shard).collect()
+    }
+}
+
+/// A convoy reaches the shard of its members' first remaining shares: it asks for their
+/// keys, and runs once they are held.
+fn arrive(w: &Rc<Worker>, convoy: Convoy) {
+    let keys: Vec<Bytes> = convoy
+        .members
+        .iter()
+        .flat_map(|m| m.shares[0].keys.iter().cloned())
+        .collect();
+    let route = convoy.route();
+    let here = w.clone();
+    let start: Box<dyn FnOnce(Convoy)> = Box::new(move |convoy| run_convoy(&here, convoy));
+    let now = w
+        .shard
+        .borrow_mut()
+        .locks
+        .acquire_convoy(LockKeys::Keys(keys), route, convoy, start);
+    if let Some((convoy, start)) = now {
+        start(convoy);
+    }
+}
+
+/// Runs each member's share here, under keys the convoy holds, then sends the convoy
+/// on; on the last shard, writes each member's block, lets every key go and answers
+/// each member's connection.
+fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
+    let shard = w.id;
+    let granted = std::mem::take(&mut convoy.granted);
+    convoy.held.extend(granted.into_iter().map(|k| (shard, k)));
+    for m in &mut convoy.members {
+        let share = m.shares.pop_front().expect("a share for this shard");
+        let ran_us = run_share(w, share.steps, m);
+        if shard != m.home {
+            m.away_us += ran_us;
+        }
+    }
+    if let Some(next) = convoy.members[0].shares.front().map(|p| p.shard) {
+        w.shared.send(next, Box::new(move |w| arrive(w, convoy)));
+        return;
+    }
+    // Every lock of every member is held here: each block follows what ran before on
+    // its keys and precedes what runs after. Its commands go in queue order, as a
+    // replica or a replay must apply them.
+    for m in &mut convoy.members {
+        let mut pieces = std::mem::take(&mut m.effects);
+        pieces.sort_by_key(|p| p.0);
+        let block = crate::persist::aof::effects::wrap(pieces.into_iter().map(|p| p.1).collect());
+        w.shared.persist.aof.send_piece(block);
+    }
+    // Its keyspace events, in queue order, before anything the releases start can
+    // publish its own.
+    for m in &mut convoy.members {
+        let mut events = std::mem::take(&mut m.events);
+        events.sort_by_key(|e| e.0);
+        for (db, event, key) in events.into_iter().flat_map(|(_, e)| e) {
+            crate::pubsub::publish_event(w, db, event, &key);
+        }
+    }
+    for (at, keys) in std::mem::take(&mut convoy.held) {
+        if at == shard {
+            release_locks(w, &keys);
+        } else {
+            w.shared
+                .send(at, Box::new(move |w| release_locks(w, &keys)));
+        }
+    }
+    for mut m in convoy.members {
+        let done = m.done.take().expect("answered once");
+        w.shared.answer(m.home, done, m);
+    }
+}
+
+/// Runs one member's share on this thread's shard, whose keys the convoy holds, and
+/// keeps its replies, events and effects in it; returns how long it ran.
+fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 {
     let start = crate::clock::Stopwatch::start();
     let mut sh = w.shard.borrow_mut();
     // What this shard logged before the grant precedes the transaction's block.
     sh.aof_flush();
     sh.aof_hold();
     let dirty_before = sh.dirty;
-    let mut replies = Vec::with_capacity(steps.len());
-    let mut events = Vec::new();
-    let mut effects = Vec::new();
     for (at, step) in steps {
         let mark = sh.aof.mark();
-        replies.push((at, step(&mut sh)));
+        m.replies.push((at, step(&mut sh)));
         let piece = sh.aof.take_since(mark);
         if !piece.bytes.is_empty() {
-            effects.push((at, piece));
+            m.effects.push((at, piece));
         }
         if !sh.events.is_empty() {
-            events.push((at, std::mem::take(&mut sh.events)));
+            m.events.push((at, std::mem::take(&mut sh.events)));
         }
     }
     sh.aof_release();
-    let dirty = sh.dirty - dirty_before;
+    m.dirty += sh.dirty - dirty_before;
     drop(sh);
-    let ran_us = start.elapsed_us();
-    if let Some(Finish {
-        mut pieces,
-        earlier,
-    }) = finish
-    {
-        // Every lock of the transaction is held here: the block follows what ran before
-        // on its keys and precedes what runs after. Its commands go in queue order, as a
-        // replica or a replay must apply them.
-        pieces.append(&mut effects);
-        pieces.sort_by_key(|p| p.0);
-        let block = crate::persist::aof::effects::wrap(pieces.into_iter().map(|p| p.1).collect());
-        w.shared.persist.aof.send_piece(block);
-        release_locks(w, keys);
-        // Each earlier share is on another shard, so another thread.
-        for (shard, keys) in earlier {
-            w.shared
-                .send(shard, Box::new(move |w| release_locks(w, &keys)));
-        }
-    }
-    PartDone {
-        replies,
-        events,
-        effects,
-        dirty,
-        ran_us,
-    }
+    start.elapsed_us()
 }
-
 impl Drop for Tx {
     fn drop(&mut self) {
         // The block goes to the AOF while every lock is still held: it follows what ran
