@@ -1245,12 +1245,6 @@ fn keyspace_events_of_a_multi_shard_exec_come_in_queue_order() {
 // 5. Blocking pops served by a transaction
 // ---------------------------------------------------------------------------
 
-/// A client blocked in BRPOP on a list of one shard; another client runs MULTI; SET
-/// (other shard); LPUSH list job; LLEN list; SET (another key); EXEC. Inside the
-/// transaction LLEN still sees the job (blocked clients are served after EXEC, as in
-/// Redis); the waiter gets it exactly once, the list is gone afterwards and a second
-/// BRPOP times out. With two waiters and two pushes in one transaction, the first
-/// blocked gets the first job pushed (BRPOP takes the tail) and the second the other.
 /// A client blocked on a list that a multi-shard EXEC pushes to is served once the
 /// EXEC's keys go, so its pop's event comes after the EXEC's push, as on Redis, where
 /// the blocked client is served after the EXEC has run (the pop must not be published
@@ -1301,6 +1295,12 @@ fn a_pop_served_by_a_multi_shard_exec_is_published_after_its_push() {
     }
 }
 
+/// A client blocked in BRPOP on a list of one shard; another client runs MULTI; SET
+/// (other shard); LPUSH list job; LLEN list; SET (another key); EXEC. Inside the
+/// transaction LLEN still sees the job (blocked clients are served after EXEC, as in
+/// Redis); the waiter gets it exactly once, the list is gone afterwards and a second
+/// BRPOP times out. With two waiters and two pushes in one transaction, the first
+/// blocked gets the first job pushed (BRPOP takes the tail) and the second the other.
 #[test]
 fn brpop_waiter_gets_a_job_pushed_by_a_multi_shard_transaction_exactly_once() {
     for threads in THREADS {

@@ -318,6 +318,7 @@ impl LockTable {
             {
                 let joins = forming.iter().position(|f| {
                     f.route == *route
+                        && f.convoy.as_ref().is_some_and(|c| c.len() < CONVOY_MOST)
                         && ks.iter().all(|k| {
                             self.held.get(k).copied().unwrap_or(0)
                                 == f.holds.get(k).copied().unwrap_or(0)
@@ -406,6 +407,9 @@ impl LockTable {
             .collect()
     }
 }
+
+/// The most transactions one convoy takes: all of them run in one go on each shard.
+const CONVOY_MOST: usize = 64;
 
 /// What `wake` starts, in queue order: a convoy's place is known before the convoys
 /// queued behind it have joined.

@@ -148,6 +148,7 @@ impl Tx {
         let (done, answer) = oneshot::channel();
         let first = parts[0].shard;
         let convoy = Convoy {
+            shared: worker.shared.clone(),
             members: vec![Chained {
                 home: worker.id,
                 done: Some(done),
@@ -295,6 +296,7 @@ pub struct Chained {
 /// Transactions travelling together along the same shards, in the order they run on
 /// each, with the keys they hold on the shards behind them.
 pub struct Convoy {
+    shared: std::sync::Arc<super::Shared>,
     members: Vec<Chained>,
     /// Lock requests granted to it on the shard it is at (one per member that joined
     /// there), moved into `held` when it runs.
@@ -304,15 +306,32 @@ pub struct Convoy {
 
 impl Convoy {
     /// Takes in a convoy for the same shards that was granted `keys` behind this one.
-    pub fn absorb(&mut self, other: Convoy, keys: LockKeys) {
-        self.members.extend(other.members);
-        self.held.extend(other.held);
+    pub fn absorb(&mut self, mut other: Convoy, keys: LockKeys) {
+        self.members.append(&mut other.members);
+        self.held.append(&mut other.held);
         self.granted.push(keys);
+    }
+
+    /// Its transactions.
+    pub fn len(&self) -> usize {
+        self.members.len()
     }
 
     /// The shards its members still have to run on, this one first.
     fn route(&self) -> Vec<usize> {
         self.members[0].shares.iter().map(|p| p.shard).collect()
+    }
+}
+
+impl Drop for Convoy {
+    /// A convoy dropped on its way (a command panicked in it, a thread stopped) lets go
+    /// of what it holds, so that the other work on those keys is not held up for ever.
+    /// Its members' connections get no answer, and what ran of them is not logged.
+    fn drop(&mut self) {
+        for (shard, keys) in std::mem::take(&mut self.held) {
+            self.shared
+                .send(shard, Box::new(move |w| release_locks(w, &keys)));
+        }
     }
 }
 
@@ -344,6 +363,7 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
     let shard = w.id;
     let granted = std::mem::take(&mut convoy.granted);
     convoy.held.extend(granted.into_iter().map(|k| (shard, k)));
+    // From here, a panic in a share drops the convoy, and its drop lets its keys go.
     for m in &mut convoy.members {
         let share = m.shares.pop_front().expect("a share for this shard");
         let ran_us = run_share(w, share.steps, m);
@@ -381,7 +401,7 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
                 .send(at, Box::new(move |w| release_locks(w, &keys)));
         }
     }
-    for mut m in convoy.members {
+    for mut m in std::mem::take(&mut convoy.members) {
         let done = m.done.take().expect("answered once");
         w.shared.answer(m.home, done, m);
     }
