@@ -458,15 +458,16 @@ fn cross_shard_list_moves_conserve_elements_threads2() {
     lmove_conserves_elements(2);
 }
 
+/// The first key `<tag><i>` on `shard` of a two-thread Kite.
+fn key_on_shard(shard: usize, tag: &str) -> String {
+    (0..)
+        .map(|i| format!("{tag}{i}"))
+        .find(|k| shard_of(k, 2) == shard)
+        .expect("a key")
+}
+
 fn info_hops(c: &mut Client) -> i64 {
-    let info = c
-        .cmd(&["INFO", "transactions"])
-        .as_string()
-        .expect("INFO text");
-    info.lines()
-        .find_map(|l| l.strip_prefix("hops:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("hops in INFO transactions")
+    info_field(c, "transactions", "hops")
 }
 
 /// A multi-shard EXEC asks each other shard once: its commands travel with the lock
@@ -476,14 +477,8 @@ fn info_hops(c: &mut Client) -> i64 {
 #[test]
 fn a_multi_shard_exec_asks_the_other_shard_once() {
     let server = KiteServer::start(&[], 2);
-    let on_shard = |shard: usize, tag: &str| {
-        (0..)
-            .map(|i| format!("{tag}{i}"))
-            .find(|k| shard_of(k, 2) == shard)
-            .expect("a key")
-    };
-    let (a, b) = (on_shard(0, "a"), on_shard(1, "b"));
-    let (c, d) = (on_shard(0, "c"), on_shard(1, "d"));
+    let (a, b) = (key_on_shard(0, "a"), key_on_shard(1, "b"));
+    let (c, d) = (key_on_shard(0, "c"), key_on_shard(1, "d"));
     let mut admin = server.client();
     // Two connections, dealt to the two threads in turn: each shard is the other one
     // for one of them.
@@ -531,16 +526,10 @@ fn info_field(c: &mut Client, section: &str, name: &str) -> i64 {
 #[test]
 fn pushes_queued_behind_a_hot_key_travel_together() {
     let server = KiteServer::start(&[], 2);
-    let on_shard = |shard: usize, tag: &str| {
-        (0..)
-            .map(|i| format!("{tag}{i}"))
-            .find(|k| shard_of(k, 2) == shard)
-            .expect("a key")
-    };
     let (set, list, busy) = (
-        on_shard(0, "queues"),
-        on_shard(1, "queue:"),
-        on_shard(1, "busy"),
+        key_on_shard(0, "queues"),
+        key_on_shard(1, "queue:"),
+        key_on_shard(1, "busy"),
     );
     let mut admin = server.client();
     let before = info_field(&mut admin, "transactions", "convoy_joins");
