@@ -247,13 +247,12 @@ async_handler!(exec, |sess, _args| {
             if let Some(targets) = each_on_one_shard(sess, &m.queued) {
                 let parts = shares(sess, m.queued, &targets);
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
-                let (tx, replies) = Tx::run_parts(&sess.worker, parts).await;
+                let (replies, away_us) = Tx::run_parts(&sess.worker, parts).await;
                 sess.out.array(n);
                 for reply in replies {
                     sess.out.buf.extend_from_slice(&reply);
                 }
-                sess.away_us = Some(tx.away_us());
-                drop(tx);
+                sess.away_us = Some(away_us);
                 unwatch_all(sess);
                 return;
             }

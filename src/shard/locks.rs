@@ -38,10 +38,9 @@ pub enum Waiting {
     Run(Box<dyn FnOnce()>),
     /// Transactions travelling together along the same shards (`tx::Convoy`), with
     /// their shares for this shard: the keys become held by them, then `start` runs them
-    /// here. When it is granted, convoys queued behind it for the same `route` whose keys
+    /// here. When it is granted, convoys queued behind it for the same shards whose keys
     /// only it holds join it (`acquire_convoy`).
     Convoy {
-        route: Vec<usize>,
         convoy: Convoy,
         start: Box<dyn FnOnce(Convoy)>,
     },
@@ -224,7 +223,6 @@ impl LockTable {
     pub fn acquire_convoy(
         &mut self,
         keys: LockKeys,
-        route: Vec<usize>,
         mut convoy: Convoy,
         start: Box<dyn FnOnce(Convoy)>,
     ) -> Option<(Convoy, Box<dyn FnOnce(Convoy)>)> {
@@ -233,14 +231,7 @@ impl LockTable {
             convoy.granted.push(keys);
             Some((convoy, start))
         } else {
-            self.enqueue(
-                keys,
-                Waiting::Convoy {
-                    route,
-                    convoy,
-                    start,
-                },
-            );
+            self.enqueue(keys, Waiting::Convoy { convoy, start });
             None
         }
     }
@@ -313,12 +304,13 @@ impl LockTable {
             // A convoy for the same shards whose keys are held only by a convoy granted
             // in this pass joins it: it runs right after it here, goes on with it, in the
             // same order, to every later shard, and its keys go with it.
-            if let (false, LockKeys::Keys(ks), Waiting::Convoy { route, .. }) =
+            if let (false, LockKeys::Keys(ks), Waiting::Convoy { convoy, .. }) =
                 (overtakes || self.all_held > 0, &w.keys, &w.what)
             {
                 let joins = forming.iter().position(|f| {
-                    f.route == *route
-                        && f.convoy.as_ref().is_some_and(|c| c.len() < CONVOY_MOST)
+                    f.convoy
+                        .as_ref()
+                        .is_some_and(|c| c.len() < CONVOY_MOST && c.same_route(convoy))
                         && ks.iter().all(|k| {
                             self.held.get(k).copied().unwrap_or(0)
                                 == f.holds.get(k).copied().unwrap_or(0)
@@ -357,11 +349,7 @@ impl LockTable {
                             let _ = tx.send(());
                         })));
                     }
-                    Waiting::Convoy {
-                        route,
-                        mut convoy,
-                        start,
-                    } => {
+                    Waiting::Convoy { mut convoy, start } => {
                         self.hold(&w.keys);
                         let mut holds = HashMap::new();
                         if let LockKeys::Keys(ks) = &w.keys {
@@ -372,7 +360,6 @@ impl LockTable {
                         convoy.granted.push(w.keys);
                         runnable.push(Started::Convoy(forming.len()));
                         forming.push(Forming {
-                            route,
                             holds,
                             convoy: Some(convoy),
                             start: Some(start),
@@ -420,7 +407,6 @@ enum Started {
 
 /// A convoy granted in the current `wake`, with the count of its holds on each key.
 struct Forming {
-    route: Vec<usize>,
     holds: HashMap<Bytes, u32>,
     convoy: Option<Convoy>,
     start: Option<Box<dyn FnOnce(Convoy)>>,

@@ -78,22 +78,18 @@ pub fn keys_by_shard<'a>(
 
 impl Tx {
     /// Locks `wants` shard by shard in ascending order and returns once all are held.
-    fn new(worker: &Rc<Worker>, shards: usize) -> Tx {
-        Tx {
+    pub async fn begin(worker: &Rc<Worker>, mut wants: Vec<(usize, LockKeys)>) -> Tx {
+        wants.sort_by_key(|w| w.0);
+        let mut tx = Tx {
             worker: worker.clone(),
             id: worker.shared.next_tx_id.fetch_add(1, Ordering::Relaxed),
-            held: Vec::with_capacity(shards),
+            held: Vec::with_capacity(wants.len()),
             events: RefCell::new(Vec::new()),
             effects: RefCell::new(Vec::new()),
             dirty: Cell::new(0),
             rewrite: RefCell::new(None),
             away_us: Cell::new(0),
-        }
-    }
-
-    pub async fn begin(worker: &Rc<Worker>, mut wants: Vec<(usize, LockKeys)>) -> Tx {
-        wants.sort_by_key(|w| w.0);
-        let mut tx = Tx::new(worker, wants.len());
+        };
         for (shard, keys) in wants {
             let (grant, granted) = oneshot::channel();
             let request = keys.clone();
@@ -129,8 +125,8 @@ impl Tx {
     /// request and runs as soon as its keys are held, and the shard sends the rest of it
     /// on to the next. The last shard's grant holds the last of the locks, so it writes
     /// the whole block to the AOF there, publishes the keyspace events and lets every key
-    /// of the transaction go. Returns the replies in queue order, with the `Tx` (which
-    /// holds nothing by then) for its time and writes.
+    /// of the transaction go. Returns the replies in queue order, and how long its shares
+    /// ran on other threads (µs).
     ///
     /// Running a share before the later shards are locked is safe: its keys stay held,
     /// so nothing sees its effects before the rest have run, and a transaction's commands
@@ -140,9 +136,8 @@ impl Tx {
     /// and blocked only by its keys, join it as a convoy (`LockTable::wake`): they run
     /// after it there and travel with it, in that order, so a key every transaction names
     /// (Sidekiq's `queues`) is held for one round trip per convoy, not per transaction.
-    pub async fn run_parts(worker: &Rc<Worker>, mut parts: Vec<Part>) -> (Tx, Vec<BytesMut>) {
+    pub async fn run_parts(worker: &Rc<Worker>, mut parts: Vec<Part>) -> (Vec<BytesMut>, u64) {
         parts.sort_by_key(|p| p.shard);
-        let tx = Tx::new(worker, 0);
         let remote = parts.iter().filter(|p| p.shard != worker.id).count() as u64;
         worker.shard.borrow_mut().stats.hops += remote;
         let (done, answer) = oneshot::channel();
@@ -156,7 +151,6 @@ impl Tx {
                 effects: Vec::new(),
                 replies: Vec::new(),
                 events: Vec::new(),
-                dirty: 0,
                 away_us: 0,
             }],
             granted: Vec::new(),
@@ -170,10 +164,11 @@ impl Tx {
                 .send(first, Box::new(move |w| arrive(w, convoy)));
         }
         let mut out: Chained = answer.await.expect("shard thread stopped");
-        tx.away_us.set(out.away_us);
-        tx.dirty.set(out.dirty);
         out.replies.sort_by_key(|r| r.0);
-        (tx, out.replies.into_iter().map(|(_, r)| r).collect())
+        (
+            out.replies.into_iter().map(|(_, r)| r).collect(),
+            out.away_us,
+        )
     }
 
     /// Locks the given keys (grouped by shard) plus, with `all_shards`, every shard whole.
@@ -288,7 +283,6 @@ pub struct Chained {
     effects: Vec<(usize, Piece)>,
     replies: Vec<(usize, BytesMut)>,
     events: Vec<(usize, Vec<KeyEvent>)>,
-    dirty: u64,
     /// How long its shares ran on threads other than its connection's.
     away_us: u64,
 }
@@ -317,9 +311,12 @@ impl Convoy {
         self.members.len()
     }
 
-    /// The shards its members still have to run on, this one first.
-    fn route(&self) -> Vec<usize> {
-        self.members[0].shares.iter().map(|p| p.shard).collect()
+    /// Whether its members still have to run on the same shards as `other`'s.
+    pub fn same_route(&self, other: &Convoy) -> bool {
+        let (mine, theirs) = (&self.members[0].shares, &other.members[0].shares);
+        mine.iter()
+            .map(|p| p.shard)
+            .eq(theirs.iter().map(|p| p.shard))
     }
 }
 
@@ -337,20 +334,20 @@ impl Drop for Convoy {
 
 /// A convoy reaches the shard of its members' first remaining shares: it asks for their
 /// keys, and runs once they are held.
-fn arrive(w: &Rc<Worker>, convoy: Convoy) {
+fn arrive(w: &Rc<Worker>, mut convoy: Convoy) {
+    // A share's keys are needed only to lock them.
     let keys: Vec<Bytes> = convoy
         .members
-        .iter()
-        .flat_map(|m| m.shares[0].keys.iter().cloned())
+        .iter_mut()
+        .flat_map(|m| std::mem::take(&mut m.shares[0].keys))
         .collect();
-    let route = convoy.route();
     let here = w.clone();
     let start: Box<dyn FnOnce(Convoy)> = Box::new(move |convoy| run_convoy(&here, convoy));
     let now = w
         .shard
         .borrow_mut()
         .locks
-        .acquire_convoy(LockKeys::Keys(keys), route, convoy, start);
+        .acquire_convoy(LockKeys::Keys(keys), convoy, start);
     if let Some((convoy, start)) = now {
         start(convoy);
     }
@@ -415,7 +412,6 @@ fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 
     // What this shard logged before the grant precedes the transaction's block.
     sh.aof_flush();
     sh.aof_hold();
-    let dirty_before = sh.dirty;
     for (at, step) in steps {
         let mark = sh.aof.mark();
         m.replies.push((at, step(&mut sh)));
@@ -428,7 +424,6 @@ fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 
         }
     }
     sh.aof_release();
-    m.dirty += sh.dirty - dirty_before;
     drop(sh);
     start.elapsed_us()
 }
