@@ -1082,13 +1082,25 @@ struct Landing {
 /// not a list, puts it back where it came from and fails the call), answers the client,
 /// serves whoever waits on the destination, and reports back once all that settled.
 fn land(w: &Rc<Worker>, l: Landing) {
+    land_from(w, l, false)
+}
+
+/// `land`, restarted by the lock queue (`resumed`): whoever waits on the destination
+/// still queued after it.
+fn land_from(w: &Rc<Worker>, l: Landing, resumed: bool) {
     let mut sh = w.shard.borrow_mut();
-    if !sh.locks.is_idle() && !sh.locks.is_free([&l.dst[..]]) {
+    let free = sh.locks.is_idle()
+        || if resumed {
+            sh.locks.may_resume([&l.dst[..]], true)
+        } else {
+            sh.locks.is_free([&l.dst[..]])
+        };
+    if !free {
         let w2 = w.clone();
         let keys = crate::shard::locks::LockKeys::Keys(vec![l.dst.clone()]);
         sh.locks.enqueue(
             keys,
-            crate::shard::locks::Waiting::Run(Box::new(move || land(&w2, l))),
+            crate::shard::locks::Waiting::Run(Box::new(move || land_from(&w2, l, true))),
         );
         return;
     }

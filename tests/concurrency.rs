@@ -579,3 +579,82 @@ fn pushes_queued_behind_a_hot_key_travel_together() {
         "{PUSHERS} pushes queued behind a held key, and none went on with another"
     );
 }
+
+/// A new connection on the thread of shard 0: connections are dealt to the threads in
+/// turn, and a GET of a key on shard 1 is a hop only from thread 0.
+fn client_on_thread_zero(server: &KiteServer, admin: &mut Client) -> Client {
+    let probe = key_on_shard(1, "probe");
+    for _ in 0..8 {
+        let mut c = server.client();
+        let before = info_field(admin, "transactions", "one_hop_commands");
+        c.cmd(&["GET", &probe]);
+        if info_field(admin, "transactions", "one_hop_commands") > before {
+            return c;
+        }
+    }
+    panic!("no connection landed on thread 0 in 8 tries");
+}
+
+/// A command queued on a key behind a transaction runs before the transactions queued
+/// after it, even though it holds nothing while it waits. Before, the release that
+/// restarted it also granted the key to the next transaction in the queue, and the
+/// command, finding the key taken, queued again at the back: under a steady stream of
+/// Sidekiq pushes (all naming `queues`), a reader of `queues` could wait for ever.
+#[test]
+fn a_command_queued_behind_a_transaction_is_not_overtaken_by_later_ones() {
+    let server = KiteServer::start(&[], 2);
+    let (set, list, busy) = (
+        key_on_shard(0, "queues"),
+        key_on_shard(1, "queue:"),
+        key_on_shard(1, "busy"),
+    );
+    let mut admin = server.client();
+    // The push, the reader and the push after it all start on thread 0, which stays free
+    // while a script keeps thread 1 busy for a second.
+    let mut first = client_on_thread_zero(&server, &mut admin);
+    let mut reader = client_on_thread_zero(&server, &mut admin);
+    let mut second = client_on_thread_zero(&server, &mut admin);
+    let mut runner = server.client();
+    let script = thread::spawn(move || {
+        let r = runner.cmd(&[
+            "EVAL",
+            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 1000000 \
+             return 1",
+            "1",
+            &busy,
+        ]);
+        assert_eq!(r, Resp::Integer(1));
+    });
+    let pause = || thread::sleep(std::time::Duration::from_millis(250));
+    let push = |c: &mut Client, job: &str| {
+        let replies = c.pipeline(&[
+            vec!["MULTI"],
+            vec!["SADD", &set, job],
+            vec!["LPUSH", &list, job],
+            vec!["EXEC"],
+        ]);
+        let exec = replies[3].as_array().expect("EXEC array").to_vec();
+        assert_eq!(exec.len(), 2, "EXEC replies: {exec:?}");
+    };
+    let seen = thread::scope(|s| {
+        pause();
+        // Holds the set on shard 0 while it waits for the list's shard.
+        s.spawn(|| push(&mut first, "first"));
+        pause();
+        // Queued on the set behind the first push.
+        let seen = s.spawn(|| reader.cmd(&["SCARD", &set]));
+        pause();
+        // Queued on the set behind the reader.
+        s.spawn(|| push(&mut second, "second"));
+        seen.join().unwrap()
+    });
+    script.join().unwrap();
+    assert_eq!(
+        seen,
+        Resp::Integer(1),
+        "the reader, queued before the second push, saw its member"
+    );
+    assert_eq!(admin.cmd(&["SCARD", &set]), Resp::Integer(2));
+    assert_eq!(admin.cmd(&["LLEN", &list]), Resp::Integer(2));
+}

@@ -66,6 +66,9 @@ pub struct LockTable {
     pub waited_total: u64,
     /// Transactions that joined a convoy granted ahead of them (`wake`).
     pub convoy_joins: u64,
+    /// A `wake` kept a transaction queued behind work it restarted, which holds
+    /// nothing: once that work has run, the queue is to be walked again (`take_rewake`).
+    rewake: bool,
 }
 
 #[derive(Default)]
@@ -186,6 +189,27 @@ impl LockTable {
         self.wake()
     }
 
+    /// `is_free_to` for work the queue has just restarted (`Waiting::Run`), checked before
+    /// it runs the command it waited with: whoever still waits on its keys queued after
+    /// it, so only holders count. Without this it would queue again at the back.
+    pub fn may_resume<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>, write: bool) -> bool {
+        self.all_held == 0
+            && keys
+                .into_iter()
+                .all(|k| !self.held.contains_key(k) && self.unit_allows(k, write))
+    }
+
+    /// Whether a `wake` kept transactions queued behind restarted work, which has run
+    /// by now: the caller walks the queue again (`rewake`).
+    pub fn take_rewake(&mut self) -> bool {
+        std::mem::take(&mut self.rewake)
+    }
+
+    /// Starts what waited behind restarted work (`take_rewake`).
+    pub fn rewake(&mut self) -> Vec<Box<dyn FnOnce()>> {
+        self.wake()
+    }
+
     fn is_free_for(&self, keys: &LockKeys) -> bool {
         match keys {
             LockKeys::All => self.is_idle(),
@@ -287,7 +311,15 @@ impl LockTable {
 
     /// Walks the queue in order and starts every waiter whose keys are free of holders and
     /// of earlier waiters still queued.
+    ///
+    /// Work restarted here (`Waiting::Run`) holds nothing until it runs, after this
+    /// returns: a transaction behind it on one of its keys stays queued (else it would
+    /// take the key first, and the work, finding it taken, would queue again at the back,
+    /// for ever under a steady stream of transactions), and the caller walks the queue
+    /// again once the work has run (`take_rewake`). Restarted work behind restarted work
+    /// starts too: neither holds anything, and they run in queue order.
     fn wake(&mut self) -> Vec<Box<dyn FnOnce()>> {
+        self.rewake = false;
         let mut runnable: Vec<Started> = Vec::new();
         // Convoys granted in this pass, still taking in the ones queued behind them.
         let mut forming: Vec<Forming> = Vec::new();
@@ -295,12 +327,24 @@ impl LockTable {
         // Keys of waiters that stay queued in this pass; later waiters sharing them stay too.
         let mut blocked: HashMap<Bytes, ()> = HashMap::new();
         let mut blocked_all = false;
+        // Keys of the work restarted in this pass (`Waiting::Run`).
+        let mut restarted: HashMap<Bytes, ()> = HashMap::new();
         let queue = std::mem::take(&mut self.queue);
         for w in queue {
-            let overtakes = match &w.keys {
+            let mut overtakes = match &w.keys {
                 LockKeys::All => blocked_all || !blocked.is_empty(),
                 LockKeys::Keys(ks) => blocked_all || ks.iter().any(|k| blocked.contains_key(k)),
             };
+            if !overtakes && !restarted.is_empty() && !matches!(w.what, Waiting::Run(_)) {
+                let behind = match &w.keys {
+                    LockKeys::All => true,
+                    LockKeys::Keys(ks) => ks.iter().any(|k| restarted.contains_key(k)),
+                };
+                if behind {
+                    overtakes = true;
+                    self.rewake = true;
+                }
+            }
             // A convoy for the same shards whose keys are held only by a convoy granted
             // in this pass joins it: it runs right after it here, goes on with it, in the
             // same order, to every later shard, and its keys go with it.
@@ -365,7 +409,12 @@ impl LockTable {
                             start: Some(start),
                         });
                     }
-                    Waiting::Run(f) => runnable.push(Started::Now(f)),
+                    Waiting::Run(f) => {
+                        if let LockKeys::Keys(ks) = w.keys {
+                            restarted.extend(ks.into_iter().map(|k| (k, ())));
+                        }
+                        runnable.push(Started::Now(f));
+                    }
                 }
             } else {
                 match &w.keys {
@@ -442,15 +491,45 @@ mod tests {
         t.acquire(keys(&["a", "c"]), g2);
         assert!(r2.try_recv().is_err());
         let runnable = t.release(&keys(&["a", "b"]));
-        assert_eq!(runnable.len(), 2);
+        assert_eq!(runnable.len(), 1);
         for f in runnable {
             f();
         }
         assert_eq!(*log.borrow(), vec![1]);
+        // The request queued behind the restarted command is granted once it has run.
+        assert!(r2.try_recv().is_err());
+        assert!(t.take_rewake());
+        for f in t.rewake() {
+            f();
+        }
         assert!(r2.try_recv().is_ok());
         assert!(!t.is_free([&b"c"[..]]));
         assert!(t.release(&keys(&["a", "c"])).is_empty());
         assert!(t.is_idle());
+    }
+
+    #[test]
+    fn a_transaction_queued_behind_restarted_work_waits_for_it_to_run() {
+        let mut t = LockTable::default();
+        let (g, _r) = oneshot::channel();
+        t.acquire(keys(&["a"]), g);
+        t.enqueue(keys(&["a"]), Waiting::Run(Box::new(|| {})));
+        let (g2, mut r2) = oneshot::channel();
+        t.acquire(keys(&["a", "b"]), g2);
+        let runnable = t.release(&keys(&["a"]));
+        assert_eq!(runnable.len(), 1, "only the restarted work starts");
+        assert!(r2.try_recv().is_err());
+        // The restarted work runs: only holders count for it, not the queue behind it.
+        assert!(!t.is_free([&b"a"[..]]));
+        assert!(t.may_resume([&b"a"[..]], true));
+        assert!(t.take_rewake());
+        let runnable = t.rewake();
+        assert_eq!(runnable.len(), 1);
+        for f in runnable {
+            f();
+        }
+        assert!(r2.try_recv().is_ok());
+        assert!(!t.take_rewake());
     }
 
     #[test]

@@ -1397,7 +1397,13 @@ pub fn prefetch_batches<'m>(worker: &Worker, mail: impl Iterator<Item = &'m Mail
 /// locked; the rest waits in the lock queue and resumes when the keys are free. A
 /// `whole` batch instead runs all at once, or not at all if any of its keys is taken
 /// (`may_run_whole`).
-pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
+pub fn run_batch(worker: &Rc<Worker>, batch: Batch) {
+    run_batch_from(worker, batch, false);
+}
+
+/// `run_batch` for a batch the lock queue restarted (`resumed`): its next command waited
+/// in the queue for its keys, and whoever waits on them still queued after it.
+fn run_batch_from(worker: &Rc<Worker>, mut batch: Batch, mut resumed: bool) {
     let started = crate::clock::Stopwatch::start();
     let atomic = batch.atomic.is_some();
     let mut shard = worker.shard.borrow_mut();
@@ -1408,11 +1414,16 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
     }
     if atomic && !shard.locks.is_idle() {
         let keys = batch_keys(&batch, true);
-        if !shard.locks.is_free(keys.iter().map(|k| &k[..])) {
+        let free = if resumed {
+            shard.locks.may_resume(keys.iter().map(|k| &k[..]), true)
+        } else {
+            shard.locks.is_free(keys.iter().map(|k| &k[..]))
+        };
+        if !free {
             let w = worker.clone();
             shard.locks.enqueue(
                 LockKeys::Keys(keys),
-                Waiting::Run(Box::new(move || run_batch(&w, batch))),
+                Waiting::Run(Box::new(move || run_batch_from(&w, batch, true))),
             );
             return;
         }
@@ -1458,21 +1469,25 @@ pub fn run_batch(worker: &Rc<Worker>, mut batch: Batch) {
         if !atomic && !batch.whole && !shard.locks.is_idle() {
             let keys = cmd.key_positions(args);
             let write = cmd.has(crate::commands::flags::WRITE);
-            if !shard
-                .locks
-                .is_free_to(keys.iter().map(|&i| &args[i][..]), write)
-            {
+            let keys_of = || keys.iter().map(|&i| &args[i][..]);
+            let free = if std::mem::take(&mut resumed) {
+                shard.locks.may_resume(keys_of(), write)
+            } else {
+                shard.locks.is_free_to(keys_of(), write)
+            };
+            if !free {
                 let lock_keys = LockKeys::Keys(keys.iter().map(|&i| args[i].clone()).collect());
                 shard.aof_undefer();
                 batch.ran_us += started.elapsed_us();
                 let w = worker.clone();
                 shard.locks.enqueue(
                     lock_keys,
-                    Waiting::Run(Box::new(move || run_batch(&w, batch))),
+                    Waiting::Run(Box::new(move || run_batch_from(&w, batch, true))),
                 );
                 return;
             }
         }
+        resumed = false;
         let f = cmd.exec_fn().expect("batched commands run on a shard");
         shard.current = batch.reader;
         shard.slow_for_home = Some(std::mem::take(&mut batch.slow));
@@ -1698,6 +1713,9 @@ pub fn release_locks(worker: &Rc<Worker>, keys: &LockKeys) {
 enum Release {
     Locks(LockKeys),
     Unit(locks::UnitKeys),
+    /// Nothing: the work a release restarted has run, and what it kept queued behind
+    /// it may start now (`LockTable::take_rewake`).
+    Rewake,
 }
 
 thread_local! {
@@ -1735,10 +1753,11 @@ fn release(worker: &Rc<Worker>, first: Release) {
                 .unwrap_or_default();
             // Unwinding from a command that panicked: the releases still owed run
             // later on this thread, rather than leaving their keys held for ever.
-            for release in left {
-                let msg: Msg = match release {
+            for owed in left {
+                let msg: Msg = match owed {
                     Release::Locks(keys) => Box::new(move |w| release_locks(w, &keys)),
                     Release::Unit(keys) => Box::new(move |w| release_unit(w, keys)),
+                    Release::Rewake => Box::new(|w| release(w, Release::Rewake)),
                 };
                 self.0.shared.send(self.0.id, msg);
             }
@@ -1753,9 +1772,10 @@ fn release(worker: &Rc<Worker>, first: Release) {
             let runnable = match &release {
                 Release::Locks(keys) => shard.locks.release(keys),
                 Release::Unit(keys) => shard.locks.release_unit(keys),
+                Release::Rewake => shard.locks.rewake(),
             };
             // After a unit, most often nothing waited and nothing is to be done.
-            let anything = matches!(release, Release::Locks(_))
+            let anything = !matches!(release, Release::Unit(_))
                 || !runnable.is_empty()
                 || shard.blocking.has_ready();
             if anything {
@@ -1769,6 +1789,9 @@ fn release(worker: &Rc<Worker>, first: Release) {
             f();
         }
         next = RELEASING.with(|r| r.borrow_mut().as_mut().and_then(|l| l.pop_front()));
+        if next.is_none() && worker.shard.borrow_mut().locks.take_rewake() {
+            next = Some(Release::Rewake);
+        }
     }
     drop(done);
     if started {
