@@ -340,6 +340,7 @@ fn main() {
         busy_wrote: (0..threads).map(|_| AtomicBool::new(false)).collect(),
         busy_kind: (0..threads).map(|_| Default::default()).collect(),
         busy_count: AtomicUsize::new(0),
+        transacting: (0..threads).map(|_| Default::default()).collect(),
         sync_calls: scripting::run::sync_queues(threads),
         persist: persist::State::new(),
         repl: repl::ReplState::default(),

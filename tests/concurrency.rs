@@ -658,3 +658,73 @@ fn a_command_queued_behind_a_transaction_is_not_overtaken_by_later_ones() {
     assert_eq!(admin.cmd(&["SCARD", &set]), Resp::Integer(2));
     assert_eq!(admin.cmd(&["LLEN", &list]), Resp::Integer(2));
 }
+
+/// A push whose list is on the set's shard (a one-shard EXEC) goes on in a convoy with
+/// the two-shard pushes queued on the set around it, instead of ending the convoy:
+/// Sidekiq's pushes to several queues mix both kinds on one `queues` set.
+#[test]
+fn one_shard_pushes_queued_on_a_hot_key_join_the_convoy() {
+    let server = KiteServer::start(&[], 2);
+    let (set, near, far, busy) = (
+        key_on_shard(0, "queues"),
+        key_on_shard(0, "queue:"),
+        key_on_shard(1, "queue:"),
+        key_on_shard(1, "busy"),
+    );
+    let mut admin = server.client();
+    let before = info_field(&mut admin, "transactions", "convoy_joins");
+    // Every push starts on thread 0, which stays free while a script keeps thread 1 busy.
+    let mut first = client_on_thread_zero(&server, &mut admin);
+    let mut queued: Vec<Client> = (0..6)
+        .map(|_| client_on_thread_zero(&server, &mut admin))
+        .collect();
+    let mut runner = server.client();
+    let script = thread::spawn(move || {
+        let r = runner.cmd(&[
+            "EVAL",
+            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 800000 \
+             return 1",
+            "1",
+            &busy,
+        ]);
+        assert_eq!(r, Resp::Integer(1));
+    });
+    let pause = || thread::sleep(std::time::Duration::from_millis(250));
+    let push = |c: &mut Client, list: &str, job: &str| {
+        let replies = c.pipeline(&[
+            vec!["MULTI"],
+            vec!["SADD", &set, job],
+            vec!["LPUSH", list, job],
+            vec!["EXEC"],
+        ]);
+        let exec = replies[3].as_array().expect("EXEC array").to_vec();
+        assert_eq!(exec.len(), 2, "{job}: {exec:?}");
+        assert_eq!(exec[0], Resp::Integer(1), "{job}: {exec:?}");
+        assert!(
+            matches!(exec[1], Resp::Integer(n) if n >= 1),
+            "{job}: {exec:?}"
+        );
+    };
+    thread::scope(|s| {
+        pause();
+        // Holds the set on shard 0 while it waits for the far list's shard.
+        s.spawn(|| push(&mut first, &far, "first"));
+        pause();
+        // Queued on the set behind it: one-shard and two-shard pushes in turn.
+        for (i, c) in queued.iter_mut().enumerate() {
+            let list = if i % 2 == 0 { &near } else { &far };
+            let push = &push;
+            s.spawn(move || push(c, list, &format!("job{i}")));
+        }
+    });
+    script.join().unwrap();
+    assert_eq!(admin.cmd(&["SCARD", &set]), Resp::Integer(7));
+    assert_eq!(admin.cmd(&["LLEN", &near]), Resp::Integer(3));
+    assert_eq!(admin.cmd(&["LLEN", &far]), Resp::Integer(4));
+    let joins = info_field(&mut admin, "transactions", "convoy_joins") - before;
+    assert!(
+        joins >= 5,
+        "6 pushes queued behind a held key, one- and two-shard; {joins} went on with the first of them"
+    );
+}

@@ -245,16 +245,28 @@ async_handler!(exec, |sess, _args| {
         // sends each shard its share with the lock request.
         if watch.is_none() && !any_refused {
             if let Some(targets) = each_on_one_shard(sess, &m.queued) {
-                let parts = shares(sess, m.queued, &targets);
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
-                let (replies, away_us) = Tx::run_parts(&sess.worker, parts).await;
-                sess.out.array(n);
-                for reply in replies {
-                    sess.out.buf.extend_from_slice(&reply);
+                return run_as_parts(sess, m.queued, &targets).await;
+            }
+        }
+    }
+    // A one-shard EXEC bound for a shard where transactions hold or wait for keys
+    // (Sidekiq's pushes to the queues whose list shares a shard with `queues`, among
+    // pushes to the others) takes the same way: queued there, it goes on in a convoy
+    // with the multi-shard ones instead of ending it. Elsewhere it stays one batch, which
+    // takes no lock.
+    if let Plan::OneShard(target) = planned {
+        if watch.is_none() && !any_refused && n > 0 && shard_transacting(sess, target) {
+            if let Some(targets) = each_on_one_shard(sess, &m.queued) {
+                {
+                    let mut sh = sess.worker.shard.borrow_mut();
+                    if target == sess.worker.id {
+                        sh.stats.inline += 1;
+                    } else {
+                        sh.stats.one_hop += 1;
+                    }
                 }
-                sess.away_us = Some(away_us);
-                unwatch_all(sess);
-                return;
+                return run_as_parts(sess, m.queued, &targets).await;
             }
         }
     }
@@ -333,6 +345,32 @@ async_handler!(exec, |sess, _args| {
     }
     unwatch_all(sess);
 });
+
+/// Runs an EXEC's commands as shares travelling along their shards (`Tx::run_parts`;
+/// `targets` from `each_on_one_shard`) and writes its reply.
+async fn run_as_parts(
+    sess: &mut Session,
+    queued: Vec<(&'static Command, Vec<Bytes>)>,
+    targets: &[usize],
+) {
+    let n = queued.len();
+    let parts = shares(sess, queued, targets);
+    let (replies, away_us) = Tx::run_parts(&sess.worker, parts).await;
+    sess.out.array(n);
+    for reply in replies {
+        sess.out.buf.extend_from_slice(&reply);
+    }
+    sess.away_us = Some(away_us);
+    unwatch_all(sess);
+}
+
+/// Whether transactions hold or wait for keys on `shard` (a hint: it may have changed).
+fn shard_transacting(sess: &Session, shard: usize) -> bool {
+    if shard == sess.worker.id {
+        return !sess.worker.shard.borrow().locks.tx_idle();
+    }
+    sess.worker.shared.transacting[shard].load(Ordering::Relaxed)
+}
 
 /// The shard of each queued command when every one has keys and they all live on one
 /// shard (each command its own), else `None`.

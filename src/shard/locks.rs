@@ -15,6 +15,8 @@
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use hashbrown::HashMap;
@@ -36,10 +38,10 @@ pub enum Waiting {
     /// A command (or the rest of a pipelined batch) that runs once its keys are free,
     /// holding nothing while it waits.
     Run(Box<dyn FnOnce()>),
-    /// Transactions travelling together along the same shards (`tx::Convoy`), with
-    /// their shares for this shard: the keys become held by them, then `start` runs them
-    /// here. When it is granted, convoys queued behind it for the same shards whose keys
-    /// only it holds join it (`acquire_convoy`).
+    /// Transactions travelling together from shard to shard (`tx::Convoy`), with their
+    /// shares for this shard: the keys become held by them, then `start` runs them here.
+    /// When it is granted, convoys queued behind it whose keys only it holds join it
+    /// (`wake`).
     Convoy {
         convoy: Convoy,
         start: Box<dyn FnOnce(Convoy)>,
@@ -69,6 +71,10 @@ pub struct LockTable {
     /// A `wake` kept a transaction queued behind work it restarted, which holds
     /// nothing: once that work has run, the queue is to be walked again (`take_rewake`).
     rewake: bool,
+    /// `!tx_idle()`, published for other threads (`Shared::transacting`), and the value
+    /// last stored there.
+    hint: Arc<AtomicBool>,
+    hinted: bool,
 }
 
 #[derive(Default)]
@@ -97,6 +103,23 @@ impl Hasher for HashIsKey {
 pub type UnitKeys = Vec<(u64, bool)>;
 
 impl LockTable {
+    /// A lock table that keeps `hint` set while transactions hold or wait for keys.
+    pub fn new(hint: Arc<AtomicBool>) -> LockTable {
+        LockTable {
+            hint,
+            ..LockTable::default()
+        }
+    }
+
+    /// Publishes whether transactions hold or wait for keys here, when that changed.
+    fn publish(&mut self) {
+        let busy = !self.tx_idle();
+        if busy != self.hinted {
+            self.hinted = busy;
+            self.hint.store(busy, Ordering::Relaxed);
+        }
+    }
+
     /// Nothing is locked or waiting: the common case, checked before anything else.
     #[inline]
     pub fn is_idle(&self) -> bool {
@@ -234,6 +257,7 @@ impl LockTable {
     pub fn acquire(&mut self, keys: LockKeys, grant: oneshot::Sender<()>) {
         if self.is_free_for(&keys) {
             self.hold(&keys);
+            self.publish();
             let _ = grant.send(());
         } else {
             self.enqueue(keys, Waiting::Grant(grant));
@@ -252,6 +276,7 @@ impl LockTable {
     ) -> Option<(Convoy, Box<dyn FnOnce(Convoy)>)> {
         if self.is_free_for(&keys) {
             self.hold(&keys);
+            self.publish();
             convoy.granted.push(keys);
             Some((convoy, start))
         } else {
@@ -272,6 +297,7 @@ impl LockTable {
             }
         }
         self.queue.push_back(Waiter { keys, what });
+        self.publish();
     }
 
     /// Releases a granted request and returns the work that may run now, in order. The
@@ -345,16 +371,16 @@ impl LockTable {
                     self.rewake = true;
                 }
             }
-            // A convoy for the same shards whose keys are held only by a convoy granted
-            // in this pass joins it: it runs right after it here, goes on with it, in the
-            // same order, to every later shard, and its keys go with it.
+            // A convoy whose keys are held only by a convoy granted in this pass joins it:
+            // it runs right after it here, goes on with it, in the same order, to every
+            // later shard either of them has a share on, and its keys go with it.
             if let (false, LockKeys::Keys(ks), Waiting::Convoy { convoy, .. }) =
                 (overtakes || self.all_held > 0, &w.keys, &w.what)
             {
                 let joins = forming.iter().position(|f| {
                     f.convoy
                         .as_ref()
-                        .is_some_and(|c| c.len() < CONVOY_MOST && c.same_route(convoy))
+                        .is_some_and(|c| c.len() + convoy.len() <= CONVOY_MOST)
                         && ks.iter().all(|k| {
                             self.held.get(k).copied().unwrap_or(0)
                                 == f.holds.get(k).copied().unwrap_or(0)
@@ -429,6 +455,7 @@ impl LockTable {
             }
         }
         self.queue = remaining;
+        self.publish();
         runnable
             .into_iter()
             .map(|r| match r {

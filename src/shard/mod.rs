@@ -105,6 +105,10 @@ pub struct Shared {
     pub busy_kind: Vec<std::sync::atomic::AtomicU8>,
     /// How many threads run a script past the busy threshold: 0 on the hot path.
     pub busy_count: AtomicUsize,
+    /// Whether each shard has keys held or waited for by transactions right now
+    /// (`LockTable::tx_idle`, kept by the lock table itself): a hint, read without
+    /// ordering, for an EXEC choosing how to reach that shard.
+    pub transacting: Vec<Arc<AtomicBool>>,
     /// Synchronous calls from scripts waiting for each thread (see scripting::run). The
     /// mutex guards a queue handed between threads only on scripting's slow paths.
     pub sync_calls: Vec<Mutex<VecDeque<Msg>>>,
@@ -193,6 +197,7 @@ impl Shared {
             busy_wrote: (0..nshards).map(|_| AtomicBool::new(false)).collect(),
             busy_kind: (0..nshards).map(|_| Default::default()).collect(),
             busy_count: AtomicUsize::new(0),
+            transacting: (0..nshards).map(|_| Default::default()).collect(),
             sync_calls: crate::scripting::run::sync_queues(nshards),
             persist: crate::persist::State::new(),
             repl: crate::repl::ReplState::default(),
@@ -454,6 +459,7 @@ pub struct Shard {
 impl Shard {
     pub fn new(id: usize, databases: usize, ncommands: usize, shared: Arc<Shared>) -> Shard {
         let queues = crate::observe::QueueTable::new(shared.placement.queue_prefixes().to_vec());
+        let locks = LockTable::new(shared.transacting[id].clone());
         Shard {
             shared,
             logs: Logs::default(),
@@ -465,7 +471,7 @@ impl Shard {
                     avg_ttl: 0,
                 })
                 .collect(),
-            locks: LockTable::default(),
+            locks,
             blocking: Default::default(),
             events: Vec::new(),
             tracking: Default::default(),

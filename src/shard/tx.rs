@@ -9,9 +9,8 @@
 //! shard to shard with its commands: each shard runs its share as soon as the keys are
 //! held and sends the rest on, and the last shard's grant, which completes the set of
 //! locks, also writes the transaction's block to the AOF and lets every key go. One
-//! message per other shard; transactions queued behind one another for the same shards
-//! go along together (a convoy), so a key all of them name is held for one round trip
-//! per convoy.
+//! message per other shard; transactions queued behind one another on a shard go along
+//! together (a convoy), so a key all of them name is held for one round trip per convoy.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -132,10 +131,11 @@ impl Tx {
     /// so nothing sees its effects before the rest have run, and a transaction's commands
     /// never fail in a way that undoes them.
     ///
-    /// Transactions queued on a shard behind one that is granted, for the same shards
-    /// and blocked only by its keys, join it as a convoy (`LockTable::wake`): they run
-    /// after it there and travel with it, in that order, so a key every transaction names
-    /// (Sidekiq's `queues`) is held for one round trip per convoy, not per transaction.
+    /// Transactions queued on a shard behind one that is granted, blocked only by its
+    /// keys, join it as a convoy (`LockTable::wake`): they run after it there and travel
+    /// with it, in that order, to every later shard any of them has a share on, so a key
+    /// every transaction names (Sidekiq's `queues`) is held for one round trip per
+    /// convoy, not per transaction.
     pub async fn run_parts(worker: &Rc<Worker>, mut parts: Vec<Part>) -> (Vec<BytesMut>, u64) {
         parts.sort_by_key(|p| p.shard);
         let remote = parts.iter().filter(|p| p.shard != worker.id).count() as u64;
@@ -287,8 +287,8 @@ pub struct Chained {
     away_us: u64,
 }
 
-/// Transactions travelling together along the same shards, in the order they run on
-/// each, with the keys they hold on the shards behind them.
+/// Transactions travelling together from shard to shard in ascending order, in the
+/// order they run on each, with the keys they hold on the shards behind them.
 pub struct Convoy {
     shared: std::sync::Arc<super::Shared>,
     members: Vec<Chained>,
@@ -299,7 +299,7 @@ pub struct Convoy {
 }
 
 impl Convoy {
-    /// Takes in a convoy for the same shards that was granted `keys` behind this one.
+    /// Takes in a convoy that was granted `keys` behind this one here.
     pub fn absorb(&mut self, mut other: Convoy, keys: LockKeys) {
         self.members.append(&mut other.members);
         self.held.append(&mut other.held);
@@ -311,12 +311,12 @@ impl Convoy {
         self.members.len()
     }
 
-    /// Whether its members still have to run on the same shards as `other`'s.
-    pub fn same_route(&self, other: &Convoy) -> bool {
-        let (mine, theirs) = (&self.members[0].shares, &other.members[0].shares);
-        mine.iter()
-            .map(|p| p.shard)
-            .eq(theirs.iter().map(|p| p.shard))
+    /// The next shard any member has a share on: shards are taken in ascending order.
+    fn next_shard(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .filter_map(|m| m.shares.front().map(|p| p.shard))
+            .min()
     }
 }
 
@@ -332,14 +332,16 @@ impl Drop for Convoy {
     }
 }
 
-/// A convoy reaches the shard of its members' first remaining shares: it asks for their
-/// keys, and runs once they are held.
+/// A convoy reaches the next shard its members have shares on: it asks for their keys,
+/// and runs once they are held.
 fn arrive(w: &Rc<Worker>, mut convoy: Convoy) {
     // A share's keys are needed only to lock them.
+    let shard = w.id;
     let keys: Vec<Bytes> = convoy
         .members
         .iter_mut()
-        .flat_map(|m| std::mem::take(&mut m.shares[0].keys))
+        .filter_map(|m| m.shares.front_mut().filter(|p| p.shard == shard))
+        .flat_map(|p| std::mem::take(&mut p.keys))
         .collect();
     let here = w.clone();
     let start: Box<dyn FnOnce(Convoy)> = Box::new(move |convoy| run_convoy(&here, convoy));
@@ -355,20 +357,25 @@ fn arrive(w: &Rc<Worker>, mut convoy: Convoy) {
 
 /// Runs each member's share here, under keys the convoy holds, then sends the convoy
 /// on; on the last shard, writes each member's block, lets every key go and answers
-/// each member's connection.
+/// each member's connection. A member with no share here (its transaction does not
+/// touch this shard) goes on holding its keys elsewhere, as a transaction locking
+/// nothing here would.
 fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
     let shard = w.id;
     let granted = std::mem::take(&mut convoy.granted);
     convoy.held.extend(granted.into_iter().map(|k| (shard, k)));
     // From here, a panic in a share drops the convoy, and its drop lets its keys go.
     for m in &mut convoy.members {
+        if m.shares.front().is_none_or(|p| p.shard != shard) {
+            continue;
+        }
         let share = m.shares.pop_front().expect("a share for this shard");
         let ran_us = run_share(w, share.steps, m);
         if shard != m.home {
             m.away_us += ran_us;
         }
     }
-    if let Some(next) = convoy.members[0].shares.front().map(|p| p.shard) {
+    if let Some(next) = convoy.next_shard() {
         w.shared.send(next, Box::new(move |w| arrive(w, convoy)));
         return;
     }
