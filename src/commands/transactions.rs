@@ -369,7 +369,9 @@ fn shard_transacting(sess: &Session, shard: usize) -> bool {
     if shard == sess.worker.id {
         return !sess.worker.shard.borrow().locks.tx_idle();
     }
-    sess.worker.shared.transacting[shard].load(Ordering::Relaxed)
+    sess.worker.shared.transacting[shard]
+        .0
+        .load(Ordering::Relaxed)
 }
 
 /// The shard of each queued command when every one has keys and they all live on one

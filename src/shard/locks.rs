@@ -73,9 +73,16 @@ pub struct LockTable {
     rewake: bool,
     /// `!tx_idle()`, published for other threads (`Shared::transacting`), and the value
     /// last stored there.
-    hint: Arc<AtomicBool>,
+    hint: Arc<Hint>,
     hinted: bool,
 }
+
+/// One shard's flag in `Shared::transacting`, alone on its cache lines: its shard may
+/// write it on every transaction, and a neighbour written by another thread would make
+/// both threads' writes miss.
+#[repr(align(128))]
+#[derive(Default)]
+pub struct Hint(pub AtomicBool);
 
 #[derive(Default)]
 struct UnitHold {
@@ -104,7 +111,7 @@ pub type UnitKeys = Vec<(u64, bool)>;
 
 impl LockTable {
     /// A lock table that keeps `hint` set while transactions hold or wait for keys.
-    pub fn new(hint: Arc<AtomicBool>) -> LockTable {
+    pub fn new(hint: Arc<Hint>) -> LockTable {
         LockTable {
             hint,
             ..LockTable::default()
@@ -116,7 +123,7 @@ impl LockTable {
         let busy = !self.tx_idle();
         if busy != self.hinted {
             self.hinted = busy;
-            self.hint.store(busy, Ordering::Relaxed);
+            self.hint.0.store(busy, Ordering::Relaxed);
         }
     }
 

@@ -108,7 +108,7 @@ pub struct Shared {
     /// Whether each shard has keys held or waited for by transactions right now
     /// (`LockTable::tx_idle`, kept by the lock table itself): a hint, read without
     /// ordering, for an EXEC choosing how to reach that shard.
-    pub transacting: Vec<Arc<AtomicBool>>,
+    pub transacting: Vec<Arc<locks::Hint>>,
     /// Synchronous calls from scripts waiting for each thread (see scripting::run). The
     /// mutex guards a queue handed between threads only on scripting's slow paths.
     pub sync_calls: Vec<Mutex<VecDeque<Msg>>>,
