@@ -125,7 +125,10 @@ pub struct BrpopKeysArgs {
 #[derive(Args, Debug, Clone)]
 pub struct OpsArgs {
     /// Commands, in order: set, get, lpush, rpop, evalsha (a one-write script), push (a
-    /// Sidekiq client push, MULTI/SADD/LPUSH/EXEC over 8 queues, counted as one request).
+    /// Sidekiq client push, MULTI/SADD/LPUSH/EXEC over 8 queues, counted as one request),
+    /// rq-enqueue (an RQ enqueue: MULTI/SADD/HSET/HSET/RPUSH/EXEC, the job's hash a key of
+    /// its own), celery-ack (kombu's unacked bookkeeping for one message: MULTI/ZADD/HSET/
+    /// EXEC then MULTI/ZREM/HDEL/EXEC).
     #[arg(long, value_delimiter = ',', default_value = "set,get,lpush,rpop")]
     pub commands: Vec<String>,
     /// Pipeline depths; every command runs at each.

@@ -431,10 +431,77 @@ fn encode_push(out: &mut Vec<u8>, queue_set: &[u8], queue: u64, seq: u64) {
     resp::encode(out, &[b"EXEC"]);
 }
 
+/// One RQ enqueue (`Queue.enqueue_job`, RQ 1.x and 2.x): the queue named in the set of
+/// queues, the job's hash written (its status, then the whole job), and its id pushed
+/// onto the queue's list, in one MULTI/EXEC. Six replies. The job's hash is a key of its
+/// own, so the shards a transaction spans change from job to job.
+fn encode_rq_enqueue(out: &mut Vec<u8>, queue: u64, id: u64) {
+    let list = ops_key("rq-enqueue", queue);
+    let job_id = format!("{:016x}", splitmix(id));
+    let job = format!("kb:rq:job:{job_id}");
+    let mut data = Vec::with_capacity(JOB_BYTES);
+    sidekiq_job(&mut data, &String::from_utf8_lossy(&list), queue, id);
+    resp::encode(out, &[b"MULTI"]);
+    resp::encode(out, &[b"SADD", b"kb:rq:queues", &list]);
+    resp::encode(out, &[b"HSET", job.as_bytes(), b"status", b"queued"]);
+    resp::encode(
+        out,
+        &[
+            b"HSET",
+            job.as_bytes(),
+            b"created_at",
+            b"2026-11-29T10:00:00.000000Z",
+            b"data",
+            &data,
+            b"description",
+            b"bench.job(1)",
+            b"timeout",
+            b"180",
+            b"origin",
+            &list[b"kb:rq:queue:".len()..],
+            b"enqueued_at",
+            b"2026-11-29T10:00:00.000001Z",
+        ],
+    );
+    resp::encode(out, &[b"RPUSH", &list, job_id.as_bytes()]);
+    resp::encode(out, &[b"EXEC"]);
+}
+
+/// One Celery message's acknowledgement bookkeeping by kombu's Redis transport: on
+/// delivery the message is recorded as unacknowledged (ZADD to the index, HSET of the
+/// message), on acknowledgement both are removed, each in one MULTI/EXEC. Eight replies;
+/// both keys are named by every message.
+fn encode_celery_ack(out: &mut Vec<u8>, tag: u64) {
+    let tag = format!(
+        "{:08x}-0000-4000-8000-{:012x}",
+        tag as u32,
+        splitmix(tag) >> 16
+    );
+    let mut message = Vec::with_capacity(JOB_BYTES);
+    sidekiq_job(&mut message, "celery", 0, 0);
+    resp::encode(out, &[b"MULTI"]);
+    resp::encode(
+        out,
+        &[
+            b"ZADD",
+            b"kb:unacked_index",
+            b"1764410400.123",
+            tag.as_bytes(),
+        ],
+    );
+    resp::encode(out, &[b"HSET", b"kb:unacked", tag.as_bytes(), &message]);
+    resp::encode(out, &[b"EXEC"]);
+    resp::encode(out, &[b"MULTI"]);
+    resp::encode(out, &[b"ZREM", b"kb:unacked_index", tag.as_bytes()]);
+    resp::encode(out, &[b"HDEL", b"kb:unacked", tag.as_bytes()]);
+    resp::encode(out, &[b"EXEC"]);
+}
+
 fn ops_key(cmd: &str, n: u64) -> Vec<u8> {
     match cmd {
         "lpush" | "rpop" => format!("kb:list:{n}").into_bytes(),
         "push" => format!("kb:queue:{n}").into_bytes(),
+        "rq-enqueue" => format!("kb:rq:queue:{n}").into_bytes(),
         _ => format!("kb:key:{n}").into_bytes(),
     }
 }
@@ -452,6 +519,17 @@ pub fn ops(
         .collect();
     all_keys.extend((0..o.push_queues).map(|n| ops_key("push", n)));
     all_keys.push(o.queue_set.as_bytes().to_vec());
+    if o.commands
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case("rq-enqueue"))
+    {
+        all_keys.extend((0..o.push_queues).map(|n| ops_key("rq-enqueue", n)));
+        all_keys.push(b"kb:rq:queues".to_vec());
+        // Job ids repeat with each connection's ring (`ops_case`).
+        let ids = (o.connections * RING) as u64;
+        all_keys.extend((0..ids).map(|id| format!("kb:rq:job:{:016x}", splitmix(id)).into_bytes()));
+    }
+    all_keys.extend([b"kb:unacked".to_vec(), b"kb:unacked_index".to_vec()]);
     admin.del_keys(&all_keys)?;
     let value = vec![b'x'; o.data_size];
     for &p in &o.pipelines {
@@ -500,7 +578,7 @@ pub fn ops(
                     }
                     admin.pipeline(&cmds)?;
                 }
-                "set" | "lpush" | "push" => {}
+                "set" | "lpush" | "push" | "rq-enqueue" | "celery-ack" => {}
                 "evalsha" => {
                     // Loaded outside the measured window; a server without it would
                     // answer NOSCRIPT and fail the run.
@@ -508,7 +586,8 @@ pub fn ops(
                 }
                 other => {
                     return Err(io::Error::other(format!(
-                        "ops: unknown command {other} (set, get, lpush, rpop, evalsha, push)"
+                        "ops: unknown command {other} (set, get, lpush, rpop, evalsha, push, \
+                         rq-enqueue, celery-ack)"
                     )))
                 }
             }
@@ -536,8 +615,13 @@ fn ops_case(
     let conns = o.connections.max(1);
     let sha = sha1_hex(OPS_SCRIPT);
     let sha = sha.as_bytes();
-    // A push is one unit of four commands (MULTI, SADD, LPUSH, EXEC).
-    let replies_per_unit = if cmd == "push" { 4 } else { 1 };
+    // A push is one unit of four commands (MULTI, SADD, LPUSH, EXEC), and so on.
+    let replies_per_unit = match cmd {
+        "push" => 4,
+        "rq-enqueue" => 6,
+        "celery-ack" => 8,
+        _ => 1,
+    };
     let batches_per_conn = requests.div_ceil((conns * p) as u64);
     let total = batches_per_conn * (conns * p) as u64;
     let ctl = Arc::new(Ctl::new(t, total));
@@ -553,20 +637,28 @@ fn ops_case(
                     let c = Conn::connect(t.addr).await?;
                     // A ring of pre-encoded commands on random keys, a multiple of p long.
                     let mut rng = Rng::new(j as u64 * 7919 + 17);
-                    let n = p * 1024usize.div_ceil(p);
+                    let n = p * RING.div_ceil(p);
                     let mut ring = Vec::with_capacity(n * 40);
                     let mut offs = Vec::with_capacity(n + 1);
                     for seq in 0..n {
                         offs.push(ring.len());
-                        if cmd == "push" {
-                            let queue = rng.below(o.push_queues.max(1));
-                            encode_push(
-                                &mut ring,
-                                o.queue_set.as_bytes(),
-                                queue,
-                                (j * n + seq) as u64,
-                            );
-                            continue;
+                        let unit = (j * n + seq) as u64;
+                        match cmd {
+                            "push" => {
+                                let queue = rng.below(o.push_queues.max(1));
+                                encode_push(&mut ring, o.queue_set.as_bytes(), queue, unit);
+                                continue;
+                            }
+                            "rq-enqueue" => {
+                                let queue = rng.below(o.push_queues.max(1));
+                                encode_rq_enqueue(&mut ring, queue, (j * RING + seq % RING) as u64);
+                                continue;
+                            }
+                            "celery-ack" => {
+                                encode_celery_ack(&mut ring, unit);
+                                continue;
+                            }
+                            _ => {}
                         }
                         let key = ops_key(cmd, rng.below(o.keyspace.max(1)));
                         match cmd {
@@ -632,6 +724,10 @@ fn ops_case(
     ];
     finish(r, t, &ctl, admin, &stats0)
 }
+
+/// Units in each connection's ring of pre-encoded requests (rounded up to a multiple of
+/// the pipeline depth).
+const RING: usize = 1024;
 
 fn sha1_hex(data: &[u8]) -> String {
     sha1_smol::Sha1::from(data).digest().to_string()
