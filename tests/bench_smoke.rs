@@ -92,6 +92,37 @@ fn ops_runs_every_command_and_depth() {
     assert_eq!(c.cmd(&["DBSIZE"]).as_int(), Some(0));
 }
 
+/// The transaction shapes of the queue libraries: every reply read, every key removed.
+#[test]
+fn ops_runs_the_queue_libraries_transactions() {
+    let s = KiteServer::start(&[], 2);
+    let out = bench(
+        &s,
+        &[
+            "ops",
+            "--commands",
+            "push,rq-enqueue,celery-ack",
+            "--requests",
+            "80",
+            "--connections",
+            "4",
+            "--pipeline",
+            "1,4",
+        ],
+    );
+    let lines = results(&out);
+    assert_eq!(lines.len(), 6, "{lines:?}");
+    for l in &lines {
+        check(l, "ops", 80);
+    }
+    // Cases run depth by depth; a celery-ack unit is two transactions.
+    for (l, execs) in lines.iter().zip([80, 80, 160, 80, 80, 160]) {
+        assert!(l.contains(&format!("\"exec\":{{\"calls\":{execs}")), "{l}");
+    }
+    let mut c = s.client();
+    assert_eq!(c.cmd(&["DBSIZE"]).as_int(), Some(0));
+}
+
 #[test]
 fn drain_empties_every_queue() {
     let s = KiteServer::start(&[], 2);
