@@ -1994,3 +1994,58 @@ fn single_shard_and_keyless_commands_in_transactions() {
         }
     }
 }
+
+/// The slow log names the client whose transaction ran a command, whichever shard ran
+/// it: Redis logs each command inside EXEC (not EXEC itself) with the client's address
+/// and name.
+#[test]
+fn slow_log_names_the_client_of_each_command_in_a_transaction() {
+    for threads in THREADS {
+        let server = KiteServer::start(&[], threads);
+        let mut c = server.client();
+        let (set, list) = (
+            key_on("slow:set:", 0, threads),
+            key_on("slow:list:", 1, threads),
+        );
+        assert_eq!(
+            c.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+            Resp::ok()
+        );
+        assert_eq!(c.cmd(&["CLIENT", "SETNAME", "pusher"]), Resp::ok());
+        assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), Resp::ok());
+        let r = transaction(
+            &mut c,
+            &[cmd(&["SADD", &set, "a"]), cmd(&["LPUSH", &list, "job"])],
+            true,
+        );
+        assert_eq!(
+            exec_items(&r, "EXEC"),
+            vec![Resp::Integer(1), Resp::Integer(1)]
+        );
+        let log = c.cmd(&["SLOWLOG", "GET", "100"]);
+        let entries = log.as_array().expect("SLOWLOG GET array");
+        for name in ["SADD", "LPUSH"] {
+            let entry = entries
+                .iter()
+                .filter_map(|e| e.as_array())
+                .find(|e| {
+                    e.get(3)
+                        .and_then(|a| a.as_array())
+                        .and_then(|a| a.first())
+                        .and_then(|c| c.as_string())
+                        .is_some_and(|c| c.eq_ignore_ascii_case(name))
+                })
+                .unwrap_or_else(|| panic!("threads {threads}: no {name} in {log}"));
+            assert_eq!(
+                entry.get(5).and_then(|n| n.as_string()).as_deref(),
+                Some("pusher"),
+                "threads {threads}: {name} entry {entry:?}"
+            );
+            let addr = entry.get(4).and_then(|a| a.as_string()).unwrap_or_default();
+            assert!(
+                addr.starts_with("127.0.0.1:"),
+                "threads {threads}: {name} entry {entry:?}"
+            );
+        }
+    }
+}

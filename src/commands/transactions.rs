@@ -1,9 +1,13 @@
 //! MULTI, EXEC, DISCARD, WATCH, UNWATCH.
 //!
 //! EXEC whose keys (and watched keys) all live on one shard runs there as one atomic
-//! batch: inline when that shard is this thread's. Any other EXEC becomes a multi-shard
-//! transaction that locks exactly its keys (or whole shards for FLUSHALL-like commands),
-//! checks the watched keys, and runs its commands one hop at a time.
+//! batch: inline when that shard is this thread's. Without WATCH, when transactions
+//! hold or wait for keys on that shard, it travels there with its commands instead
+//! (`Tx::run_parts`), as does a multi-shard EXEC whose commands each live on one shard,
+//! so that it can go on with the others in a convoy. Any other EXEC becomes a
+//! multi-shard transaction that locks exactly its keys (or whole shards for
+//! FLUSHALL-like commands), checks the watched keys, and runs its commands one hop at a
+//! time.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -138,7 +142,8 @@ async_handler!(watch, |sess, args| {
 
 /// Where the commands of an EXEC run.
 enum Plan {
-    /// Every key on one shard and only keyed commands: one atomic batch there.
+    /// Every key on one shard and only keyed commands: one atomic batch there (or, where
+    /// transactions hold or wait for keys there, its share travels as `Tx::run_parts`).
     OneShard(usize),
     /// Locks on several shards (or whole shards), then one step per command.
     Spread { all_shards: bool, keys: Vec<Bytes> },
@@ -355,7 +360,7 @@ async fn run_as_parts(
 ) {
     let n = queued.len();
     let parts = shares(sess, queued, targets);
-    let (replies, away_us) = Tx::run_parts(&sess.worker, parts).await;
+    let (replies, away_us) = Tx::run_parts(&sess.worker, sess.id, parts).await;
     sess.out.array(n);
     for reply in replies {
         sess.out.buf.extend_from_slice(&reply);

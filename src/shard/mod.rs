@@ -105,8 +105,8 @@ pub struct Shared {
     pub busy_kind: Vec<std::sync::atomic::AtomicU8>,
     /// How many threads run a script past the busy threshold: 0 on the hot path.
     pub busy_count: AtomicUsize,
-    /// Whether each shard has keys held or waited for by transactions right now
-    /// (`LockTable::tx_idle`, kept by the lock table itself): a hint, read without
+    /// Whether each shard has keys held by transactions or waited for right now
+    /// (`!LockTable::tx_idle`, kept by the lock table itself): a hint, read without
     /// ordering, for an EXEC choosing how to reach that shard.
     pub transacting: Vec<Arc<locks::Hint>>,
     /// Synchronous calls from scripts waiting for each thread (see scripting::run). The
@@ -1766,6 +1766,13 @@ fn release(worker: &Rc<Worker>, first: Release) {
                     Release::Rewake => Box::new(|w| release(w, Release::Rewake)),
                 };
                 self.0.shared.send(self.0.id, msg);
+            }
+            // Waiters kept behind restarted work that never ran would wait for an
+            // unrelated release.
+            if std::thread::panicking() {
+                self.0
+                    .shared
+                    .send(self.0.id, Box::new(|w| release(w, Release::Rewake)));
             }
         }
     }

@@ -124,7 +124,8 @@ impl Tx {
     /// request and runs as soon as its keys are held, and the shard sends the rest of it
     /// on to the next. The last shard's grant holds the last of the locks, so it writes
     /// the whole block to the AOF there, publishes the keyspace events and lets every key
-    /// of the transaction go. Returns the replies in queue order, and how long its shares
+    /// of the transaction go (in a convoy, the convoy's last shard does, for every
+    /// member). Returns the replies in queue order, and how long its shares
     /// ran on other threads (µs).
     ///
     /// Running a share before the later shards are locked is safe: its keys stay held,
@@ -136,7 +137,11 @@ impl Tx {
     /// with it, in that order, to every later shard any of them has a share on, so a key
     /// every transaction names (Sidekiq's `queues`) is held for one round trip per
     /// convoy, not per transaction.
-    pub async fn run_parts(worker: &Rc<Worker>, mut parts: Vec<Part>) -> (Vec<BytesMut>, u64) {
+    pub async fn run_parts(
+        worker: &Rc<Worker>,
+        client_id: u64,
+        mut parts: Vec<Part>,
+    ) -> (Vec<BytesMut>, u64) {
         parts.sort_by_key(|p| p.shard);
         let remote = parts.iter().filter(|p| p.shard != worker.id).count() as u64;
         worker.shard.borrow_mut().stats.hops += remote;
@@ -151,6 +156,7 @@ impl Tx {
                 effects: Vec::new(),
                 replies: Vec::new(),
                 events: Vec::new(),
+                slow: Vec::new(),
                 away_us: 0,
             }],
             granted: Vec::new(),
@@ -164,6 +170,9 @@ impl Tx {
                 .send(first, Box::new(move |w| arrive(w, convoy)));
         }
         let mut out: Chained = answer.await.expect("shard thread stopped");
+        if !out.slow.is_empty() {
+            super::log_slow_from_away(worker, client_id, std::mem::take(&mut out.slow));
+        }
         out.replies.sort_by_key(|r| r.0);
         (
             out.replies.into_iter().map(|(_, r)| r).collect(),
@@ -277,12 +286,14 @@ impl Tx {
 pub struct Chained {
     home: usize,
     done: Option<oneshot::Sender<Chained>>,
-    /// Its shares still to run, the one for the shard it is at first.
+    /// Its shares still to run, in ascending shard order.
     shares: VecDeque<Part>,
     /// Each command's effects, reply and keyspace events, by its place in the queue.
     effects: Vec<(usize, Piece)>,
     replies: Vec<(usize, BytesMut)>,
     events: Vec<(usize, Vec<KeyEvent>)>,
+    /// Slow-log entries of its commands, for its connection's thread to name the client.
+    slow: Vec<super::logs::SlowEntry>,
     /// How long its shares ran on threads other than its connection's.
     away_us: u64,
 }
@@ -419,6 +430,7 @@ fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 
     // What this shard logged before the grant precedes the transaction's block.
     sh.aof_flush();
     sh.aof_hold();
+    sh.slow_for_home = Some(std::mem::take(&mut m.slow));
     for (at, step) in steps {
         let mark = sh.aof.mark();
         m.replies.push((at, step(&mut sh)));
@@ -431,6 +443,7 @@ fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 
         }
     }
     sh.aof_release();
+    m.slow = sh.slow_for_home.take().unwrap_or_default();
     drop(sh);
     start.elapsed_us()
 }
