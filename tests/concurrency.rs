@@ -728,3 +728,72 @@ fn one_shard_pushes_queued_on_a_hot_key_join_the_convoy() {
         "6 pushes queued behind a held key, one- and two-shard; {joins} went on with the first of them"
     );
 }
+
+/// Active expiry goes on while a transaction holds other keys on the shard: only the
+/// keys a transaction holds wait for it. Under a steady stream of pushes, every one
+/// holding `queues`, a shard could otherwise go without active expiry for as long as
+/// the stream lasts.
+#[test]
+fn keys_expire_on_a_shard_while_a_transaction_holds_another_key_there() {
+    let server = KiteServer::start(&[], 2);
+    let (set, list, busy, volatile) = (
+        key_on_shard(0, "queues"),
+        key_on_shard(1, "queue:"),
+        key_on_shard(1, "busy"),
+        key_on_shard(0, "expiring"),
+    );
+    let mut admin = server.client();
+    assert_eq!(
+        admin.cmd(&["CONFIG", "SET", "notify-keyspace-events", "Exs"]),
+        Resp::ok()
+    );
+    let mut pusher = client_on_thread_zero(&server, &mut admin);
+    let mut setter = client_on_thread_zero(&server, &mut admin);
+    let mut sub = client_on_thread_zero(&server, &mut admin);
+    sub.send(&["SUBSCRIBE", "__keyevent@0__:expired", "__keyevent@0__:sadd"]);
+    for _ in 0..2 {
+        sub.read();
+    }
+    let mut runner = server.client();
+    let script = thread::spawn(move || {
+        let r = runner.cmd(&[
+            "EVAL",
+            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 1200000 \
+             return 1",
+            "1",
+            &busy,
+        ]);
+        assert_eq!(r, Resp::Integer(1));
+    });
+    thread::sleep(std::time::Duration::from_millis(250));
+    thread::scope(|s| {
+        // Holds the set on shard 0 until the script lets the list's shard go.
+        s.spawn(|| {
+            pusher.pipeline(&[
+                vec!["MULTI"],
+                vec!["SADD", &set, "default"],
+                vec!["LPUSH", &list, "job"],
+                vec!["EXEC"],
+            ])
+        });
+        thread::sleep(std::time::Duration::from_millis(150));
+        // Expires while the set is still held; nothing reads it.
+        assert_eq!(
+            setter.cmd(&["SET", &volatile, "1", "PX", "300"]),
+            Resp::ok()
+        );
+    });
+    script.join().unwrap();
+    let mut events = Vec::new();
+    for _ in 0..2 {
+        let msg = sub.read();
+        let parts = msg.as_array().expect("a message").to_vec();
+        events.push(parts[1].as_string().unwrap_or_default());
+    }
+    assert_eq!(
+        events,
+        vec!["__keyevent@0__:expired", "__keyevent@0__:sadd"],
+        "the key expired only once the push let its key go"
+    );
+}

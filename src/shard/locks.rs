@@ -139,6 +139,11 @@ impl LockTable {
         self.all_held == 0 && self.held.is_empty() && self.queue.is_empty()
     }
 
+    /// Whether a transaction holds `key` here (or the whole shard).
+    pub fn is_held(&self, key: &[u8]) -> bool {
+        self.all_held > 0 || (!self.held.is_empty() && self.held.contains_key(key))
+    }
+
     /// Whether work on `keys` may run now without overtaking anyone.
     pub fn is_free<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>) -> bool {
         self.is_free_to(keys, true)

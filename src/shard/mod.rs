@@ -789,13 +789,11 @@ impl Shard {
     /// TTL, a bounded amount per call, so expired keys never pile up unseen. Returns
     /// whether it stopped on its budget with more to do.
     pub fn active_expire(&mut self, now_ms: u64, budget_segments: usize) -> bool {
-        // A transaction holding keys here may have read one that would expire now; its
-        // block in the AOF must not follow a DEL of it. Expiry waits for the locks to go.
-        // (A pipeline's unit holding keys is no transaction: its commands here have not
-        // run yet, and find an expired key gone whenever they do.)
-        if !self.locks.tx_idle() {
-            return false;
-        }
+        // A transaction holding a key here may have read it; its block in the AOF must
+        // not follow a DEL of it, so that key waits for the lock to go. Other keys expire:
+        // a transaction only queued for a key has not read it, and finds it gone when it
+        // runs, as a pipeline's unit does. Under a steady stream of pushes, each holding
+        // `queues`, a shard would otherwise never expire anything actively.
         let mut more = false;
         for db in 0..self.dbs.len() {
             if self.dbs[db].table.volatile_len() == 0 {
@@ -804,12 +802,13 @@ impl Shard {
             }
             let cursor = self.dbs[db].expire_cursor;
             let mut expired = Vec::new();
-            let step =
-                self.dbs[db]
-                    .table
-                    .expire_step(cursor, budget_segments, now_ms, |e: Entry| {
-                        expired.push(e.key)
-                    });
+            let step = self.dbs[db].table.expire_step(
+                cursor,
+                budget_segments,
+                now_ms,
+                |key: &[u8]| self.locks.is_held(key),
+                |e: Entry| expired.push(e.key),
+            );
             let d = &mut self.dbs[db];
             d.expire_cursor = step.next;
             if step.next != 0 {

@@ -542,13 +542,15 @@ impl Table {
     }
 
     /// Walks at most `max_segments` segments holding volatile keys from `cursor`, removing
-    /// keys expired at `now_ms` and handing each to `on_expired`. Returns the next cursor,
-    /// how many volatile keys were checked, and the remaining TTLs of those still alive.
+    /// keys expired at `now_ms` (but those `spare` names) and handing each to
+    /// `on_expired`. Returns the next cursor, how many volatile keys were checked, and the
+    /// remaining TTLs of those still alive.
     pub fn expire_step(
         &mut self,
         cursor: u64,
         max_segments: usize,
         now_ms: u64,
+        spare: impl Fn(&[u8]) -> bool,
         mut on_expired: impl FnMut(Entry),
     ) -> ExpireStep {
         let mask = (self.segments.len() - 1) as u64;
@@ -565,7 +567,9 @@ impl Table {
                 let mut expired = Vec::new();
                 for e in seg.entries.iter() {
                     if e.is_expired(now_ms) {
-                        expired.push(e.key.clone());
+                        if !spare(&e.key) {
+                            expired.push(e.key.clone());
+                        }
                     } else if e.expire_at != 0 {
                         step.live_ttl_sum = step.live_ttl_sum.saturating_add(e.expire_at - now_ms);
                         step.live_sampled += 1;
@@ -798,7 +802,9 @@ mod tests {
         let mut expired = 0;
         let mut cursor = 0;
         loop {
-            cursor = t.expire_step(cursor, 4, 15, |_| expired += 1).next;
+            cursor = t
+                .expire_step(cursor, 4, 15, |_| false, |_| expired += 1)
+                .next;
             if cursor == 0 {
                 break;
             }
