@@ -160,7 +160,10 @@ impl Shard {
             let db = (self.evict_next_db + step) % ndbs;
             let random = matches!(policy, Policy::AllkeysRandom | Policy::VolatileRandom);
             let draws = if random { 1 } else { samples };
-            for _ in 0..draws {
+            // A key a transaction holds is drawn again (a few times at most): its block in
+            // the AOF, written when it lets go, must not follow a DEL of the key.
+            let (mut drawn, mut held_draws) = (0, 0);
+            while drawn < draws {
                 let rand = || self.random();
                 let table = &self.dbs[db].table;
                 let e = if policy.volatile() {
@@ -171,6 +174,14 @@ impl Shard {
                 let Some(e) = e else {
                     break;
                 };
+                if self.locks.is_held(e.key.as_bytes()) {
+                    held_draws += 1;
+                    if held_draws > HELD_DRAWS_MOST {
+                        break;
+                    }
+                    continue;
+                }
+                drawn += 1;
                 // Higher is a better victim.
                 let score = match policy {
                     Policy::AllkeysLru | Policy::VolatileLru => {
@@ -195,6 +206,10 @@ impl Shard {
         best.map(|(_, db, k)| (db, k))
     }
 }
+
+/// How many keys held by transactions one pick of a victim may draw before it gives up
+/// on a database.
+const HELD_DRAWS_MOST: usize = 16;
 
 /// Whether a policy other than `noeviction` is set (and this is no replica, which
 /// leaves eviction to its master): only then is it worth reading memory per command.
@@ -241,6 +256,32 @@ pub async fn make_room(worker: &Rc<Worker>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::locks::LockKeys;
+    use crate::types::value::{StrValue, Value};
+
+    /// A transaction holding a key may have read or written it, and its block reaches
+    /// the AOF when it lets go: a DEL of that key logged now would come first there, and
+    /// a replay or a replica would keep what the master evicted.
+    #[test]
+    fn keys_a_transaction_holds_are_not_evicted() {
+        let mut sh = crate::shard::Shard::for_tests(1);
+        for key in [&b"held"[..], b"free"] {
+            let value = Value::Str(StrValue::from_bytes(b"value"));
+            sh.dbs[0].table.insert(key, value, 0, 0);
+        }
+        let (grant, _granted) = tokio::sync::oneshot::channel();
+        sh.locks.acquire(
+            LockKeys::Keys(vec![bytes::Bytes::from_static(b"held")]),
+            grant,
+        );
+        let freed = sh.evict(Policy::AllkeysRandom, usize::MAX, 16);
+        assert_eq!(freed.keys, 1);
+        assert!(
+            sh.dbs[0].table.get(b"held").is_some(),
+            "a held key was evicted"
+        );
+        assert!(sh.dbs[0].table.get(b"free").is_none());
+    }
 
     #[test]
     fn lfu_counter_grows_slowly_and_decays() {
