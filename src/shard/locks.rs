@@ -9,9 +9,12 @@
 //! A pipelined group that runs on two shards as one unit (`server::dispatch::run_unit`)
 //! holds its keys on its own shard for one round trip, shared for the keys it only reads.
 //! It never waits for a lock (it runs the other way if a key is taken), so it adds no
-//! wait to any cycle. Taken and let go on every such group, these holds are kept by a
-//! hash of the key rather than a copy of it; two keys of one hash only make one of them
-//! wait for the other's unit.
+//! wait to any cycle.
+//!
+//! Every hold and wait is kept by a 64-bit hash of the key rather than a copy of it:
+//! taken and let go on every transaction and unit, a copy would be an allocation or a
+//! count shared with the connection's read buffer (another thread's cache line). Two
+//! keys of one hash only make one of them wait for the other.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
@@ -50,19 +53,24 @@ pub enum Waiting {
 
 struct Waiter {
     keys: LockKeys,
+    /// Its keys' hashes (none for `LockKeys::All`).
+    hashes: Vec<u64>,
     what: Waiting,
 }
 
+/// A map keyed by keys' hashes (`LockTable::hash`).
+type ByHash<V> = HashMap<u64, V, BuildHasherDefault<HashIsKey>>;
+
 #[derive(Default)]
 pub struct LockTable {
-    held: HashMap<Bytes, u32>,
+    held: ByHash<u32>,
     all_held: u32,
     queue: VecDeque<Waiter>,
     /// Keys named by queued waiters, so a newcomer sharing one queues behind them.
-    queued: HashMap<Bytes, u32>,
+    queued: ByHash<u32>,
     queued_all: u32,
-    /// Keys held by units, by `hash`.
-    unit_held: HashMap<u64, UnitHold, BuildHasherDefault<HashIsKey>>,
+    /// Keys held by units.
+    unit_held: ByHash<UnitHold>,
     hash: hashbrown::DefaultHashBuilder,
     pub granted_total: u64,
     pub waited_total: u64,
@@ -90,7 +98,7 @@ struct UnitHold {
     writers: u32,
 }
 
-/// The keys of `unit_held` are hashes already.
+/// The keys of the maps are hashes already.
 #[derive(Default)]
 struct HashIsKey(u64);
 
@@ -141,7 +149,7 @@ impl LockTable {
 
     /// Whether a transaction holds `key` here (or the whole shard).
     pub fn is_held(&self, key: &[u8]) -> bool {
-        self.all_held > 0 || (!self.held.is_empty() && self.held.contains_key(key))
+        self.all_held > 0 || (!self.held.is_empty() && self.held.contains_key(&self.hash_of(key)))
     }
 
     /// Whether work on `keys` may run now without overtaking anyone.
@@ -158,18 +166,33 @@ impl LockTable {
         if self.all_held > 0 || self.queued_all > 0 {
             return false;
         }
-        keys.into_iter().all(|k| {
-            !self.held.contains_key(k) && !self.queued.contains_key(k) && self.unit_allows(k, write)
-        })
+        keys.into_iter()
+            .all(|k| self.free_to(self.hash_of(k), write))
     }
 
-    fn unit_allows(&self, key: &[u8], write: bool) -> bool {
+    fn hash_of(&self, key: &[u8]) -> u64 {
+        self.hash.hash_one(key)
+    }
+
+    fn hashes(&self, keys: &LockKeys) -> Vec<u64> {
+        match keys {
+            LockKeys::All => Vec::new(),
+            LockKeys::Keys(ks) => ks.iter().map(|k| self.hash_of(k)).collect(),
+        }
+    }
+
+    /// Neither held nor waited for, and free of units for this use.
+    fn free_to(&self, h: u64, write: bool) -> bool {
+        !self.held.contains_key(&h) && !self.queued.contains_key(&h) && self.unit_allows(h, write)
+    }
+
+    fn unit_allows(&self, h: u64, write: bool) -> bool {
         if self.unit_held.is_empty() {
             return true;
         }
-        match self.unit_held.get(&self.hash.hash_one(key)) {
+        match self.unit_held.get(&h) {
             None => true,
-            Some(h) => !write && h.writers == 0,
+            Some(hold) => !write && hold.writers == 0,
         }
     }
 
@@ -184,13 +207,11 @@ impl LockTable {
         }
         let mut hashed = UnitKeys::new();
         for (k, write) in keys {
-            let free = !self.held.contains_key(k)
-                && !self.queued.contains_key(k)
-                && self.unit_allows(k, write);
-            if !free {
+            let h = self.hash_of(k);
+            if !self.free_to(h, write) {
                 return None;
             }
-            hashed.push((self.hash.hash_one(k), write));
+            hashed.push((h, write));
         }
         for &(h, write) in &hashed {
             let hold = self.unit_held.entry(h).or_default();
@@ -229,9 +250,10 @@ impl LockTable {
     /// it, so only holders count. Without this it would queue again at the back.
     pub fn may_resume<'a>(&self, keys: impl IntoIterator<Item = &'a [u8]>, write: bool) -> bool {
         self.all_held == 0
-            && keys
-                .into_iter()
-                .all(|k| !self.held.contains_key(k) && self.unit_allows(k, write))
+            && keys.into_iter().all(|k| {
+                let h = self.hash_of(k);
+                !self.held.contains_key(&h) && self.unit_allows(h, write)
+            })
     }
 
     /// Whether a `wake` kept transactions queued behind restarted work, which has run
@@ -245,19 +267,24 @@ impl LockTable {
         self.wake()
     }
 
-    fn is_free_for(&self, keys: &LockKeys) -> bool {
+    fn is_free_for(&self, keys: &LockKeys, hashes: &[u64]) -> bool {
         match keys {
             LockKeys::All => self.is_idle(),
-            LockKeys::Keys(ks) => self.is_free(ks.iter().map(|k| &k[..])),
+            LockKeys::Keys(_) => {
+                self.is_idle()
+                    || (self.all_held == 0
+                        && self.queued_all == 0
+                        && hashes.iter().all(|&h| self.free_to(h, true)))
+            }
         }
     }
 
-    fn hold(&mut self, keys: &LockKeys) {
+    fn hold(&mut self, keys: &LockKeys, hashes: &[u64]) {
         match keys {
             LockKeys::All => self.all_held += 1,
-            LockKeys::Keys(ks) => {
-                for k in ks {
-                    *self.held.entry(k.clone()).or_insert(0) += 1;
+            LockKeys::Keys(_) => {
+                for &h in hashes {
+                    *self.held.entry(h).or_insert(0) += 1;
                 }
             }
         }
@@ -267,12 +294,13 @@ impl LockTable {
     /// Takes the locks now if they are free, else queues the request; `grant` fires when
     /// the keys are held.
     pub fn acquire(&mut self, keys: LockKeys, grant: oneshot::Sender<()>) {
-        if self.is_free_for(&keys) {
-            self.hold(&keys);
+        let hashes = self.hashes(&keys);
+        if self.is_free_for(&keys, &hashes) {
+            self.hold(&keys, &hashes);
             self.publish();
             let _ = grant.send(());
         } else {
-            self.enqueue(keys, Waiting::Grant(grant));
+            self.enqueue_hashed(keys, hashes, Waiting::Grant(grant));
         }
     }
 
@@ -286,29 +314,35 @@ impl LockTable {
         mut convoy: Convoy,
         start: Box<dyn FnOnce(Convoy)>,
     ) -> Option<(Convoy, Box<dyn FnOnce(Convoy)>)> {
-        if self.is_free_for(&keys) {
-            self.hold(&keys);
+        let hashes = self.hashes(&keys);
+        if self.is_free_for(&keys, &hashes) {
+            self.hold(&keys, &hashes);
             self.publish();
             convoy.granted.push(keys);
             Some((convoy, start))
         } else {
-            self.enqueue(keys, Waiting::Convoy { convoy, start });
+            self.enqueue_hashed(keys, hashes, Waiting::Convoy { convoy, start });
             None
         }
     }
 
     /// Queues work behind the current holders of (or earlier waiters for) `keys`.
     pub fn enqueue(&mut self, keys: LockKeys, what: Waiting) {
+        let hashes = self.hashes(&keys);
+        self.enqueue_hashed(keys, hashes, what);
+    }
+
+    fn enqueue_hashed(&mut self, keys: LockKeys, hashes: Vec<u64>, what: Waiting) {
         self.waited_total += 1;
         match &keys {
             LockKeys::All => self.queued_all += 1,
-            LockKeys::Keys(ks) => {
-                for k in ks {
-                    *self.queued.entry(k.clone()).or_insert(0) += 1;
+            LockKeys::Keys(_) => {
+                for &h in &hashes {
+                    *self.queued.entry(h).or_insert(0) += 1;
                 }
             }
         }
-        self.queue.push_back(Waiter { keys, what });
+        self.queue.push_back(Waiter { keys, hashes, what });
         self.publish();
     }
 
@@ -319,10 +353,11 @@ impl LockTable {
             LockKeys::All => self.all_held -= 1,
             LockKeys::Keys(ks) => {
                 for k in ks {
-                    if let Some(c) = self.held.get_mut(k) {
+                    let h = self.hash_of(k);
+                    if let Some(c) = self.held.get_mut(&h) {
                         *c -= 1;
                         if *c == 0 {
-                            self.held.remove(k);
+                            self.held.remove(&h);
                         }
                     }
                 }
@@ -331,15 +366,15 @@ impl LockTable {
         self.wake()
     }
 
-    fn unqueue(&mut self, keys: &LockKeys) {
-        match keys {
+    fn unqueue(&mut self, w: &Waiter) {
+        match w.keys {
             LockKeys::All => self.queued_all -= 1,
-            LockKeys::Keys(ks) => {
-                for k in ks {
-                    if let Some(c) = self.queued.get_mut(k) {
+            LockKeys::Keys(_) => {
+                for h in &w.hashes {
+                    if let Some(c) = self.queued.get_mut(h) {
                         *c -= 1;
                         if *c == 0 {
-                            self.queued.remove(k);
+                            self.queued.remove(h);
                         }
                     }
                 }
@@ -363,21 +398,21 @@ impl LockTable {
         let mut forming: Vec<Forming> = Vec::new();
         let mut remaining = VecDeque::with_capacity(self.queue.len());
         // Keys of waiters that stay queued in this pass; later waiters sharing them stay too.
-        let mut blocked: HashMap<Bytes, ()> = HashMap::new();
+        let mut blocked: ByHash<()> = ByHash::default();
         let mut blocked_all = false;
         // Keys of the work restarted in this pass (`Waiting::Run`).
-        let mut restarted: HashMap<Bytes, ()> = HashMap::new();
+        let mut restarted: ByHash<()> = ByHash::default();
         let queue = std::mem::take(&mut self.queue);
         for w in queue {
-            let mut overtakes = match &w.keys {
-                LockKeys::All => blocked_all || !blocked.is_empty(),
-                LockKeys::Keys(ks) => blocked_all || ks.iter().any(|k| blocked.contains_key(k)),
-            };
-            if !overtakes && !restarted.is_empty() && !matches!(w.what, Waiting::Run(_)) {
-                let behind = match &w.keys {
-                    LockKeys::All => true,
-                    LockKeys::Keys(ks) => ks.iter().any(|k| restarted.contains_key(k)),
+            let all = matches!(w.keys, LockKeys::All);
+            let mut overtakes = blocked_all
+                || if all {
+                    !blocked.is_empty()
+                } else {
+                    w.hashes.iter().any(|h| blocked.contains_key(h))
                 };
+            if !overtakes && !restarted.is_empty() && !matches!(w.what, Waiting::Run(_)) {
+                let behind = all || w.hashes.iter().any(|h| restarted.contains_key(h));
                 if behind {
                     overtakes = true;
                     self.rewake = true;
@@ -386,28 +421,28 @@ impl LockTable {
             // A convoy whose keys are held only by a convoy granted in this pass joins it:
             // it runs right after it here, goes on with it, in the same order, to every
             // later shard either of them has a share on, and its keys go with it.
-            if let (false, LockKeys::Keys(ks), Waiting::Convoy { convoy, .. }) =
-                (overtakes || self.all_held > 0, &w.keys, &w.what)
+            if let (false, false, Waiting::Convoy { convoy, .. }) =
+                (overtakes || self.all_held > 0, all, &w.what)
             {
                 let joins = forming.iter().position(|f| {
                     f.convoy
                         .as_ref()
                         .is_some_and(|c| c.len() + convoy.len() <= CONVOY_MOST)
-                        && ks.iter().all(|k| {
-                            self.held.get(k).copied().unwrap_or(0)
-                                == f.holds.get(k).copied().unwrap_or(0)
-                                && self.unit_allows(k, true)
+                        && w.hashes.iter().all(|h| {
+                            self.held.get(h).copied().unwrap_or(0)
+                                == f.holds.get(h).copied().unwrap_or(0)
+                                && self.unit_allows(*h, true)
                         })
                 });
                 if let Some(i) = joins {
-                    self.unqueue(&w.keys);
-                    self.hold(&w.keys);
+                    self.unqueue(&w);
+                    self.hold(&w.keys, &w.hashes);
                     let Waiting::Convoy { convoy, .. } = w.what else {
                         unreachable!("matched above")
                     };
                     let f = &mut forming[i];
-                    for k in ks {
-                        *f.holds.entry(k.clone()).or_insert(0) += 1;
+                    for &h in &w.hashes {
+                        *f.holds.entry(h).or_insert(0) += 1;
                     }
                     f.convoy.as_mut().expect("forming").absorb(convoy, w.keys);
                     self.convoy_joins += 1;
@@ -416,28 +451,27 @@ impl LockTable {
             }
             let free = !overtakes
                 && self.all_held == 0
-                && match &w.keys {
-                    LockKeys::All => self.held.is_empty() && self.unit_held.is_empty(),
-                    LockKeys::Keys(ks) => ks
+                && if all {
+                    self.held.is_empty() && self.unit_held.is_empty()
+                } else {
+                    w.hashes
                         .iter()
-                        .all(|k| !self.held.contains_key(k) && self.unit_allows(k, true)),
+                        .all(|&h| !self.held.contains_key(&h) && self.unit_allows(h, true))
                 };
             if free {
-                self.unqueue(&w.keys);
+                self.unqueue(&w);
                 match w.what {
                     Waiting::Grant(tx) => {
-                        self.hold(&w.keys);
+                        self.hold(&w.keys, &w.hashes);
                         runnable.push(Started::Now(Box::new(move || {
                             let _ = tx.send(());
                         })));
                     }
                     Waiting::Convoy { mut convoy, start } => {
-                        self.hold(&w.keys);
-                        let mut holds = HashMap::new();
-                        if let LockKeys::Keys(ks) = &w.keys {
-                            for k in ks {
-                                *holds.entry(k.clone()).or_insert(0) += 1;
-                            }
+                        self.hold(&w.keys, &w.hashes);
+                        let mut holds = ByHash::default();
+                        for &h in &w.hashes {
+                            *holds.entry(h).or_insert(0) += 1;
                         }
                         convoy.granted.push(w.keys);
                         runnable.push(Started::Convoy(forming.len()));
@@ -448,20 +482,15 @@ impl LockTable {
                         });
                     }
                     Waiting::Run(f) => {
-                        if let LockKeys::Keys(ks) = w.keys {
-                            restarted.extend(ks.into_iter().map(|k| (k, ())));
-                        }
+                        restarted.extend(w.hashes.iter().map(|&h| (h, ())));
                         runnable.push(Started::Now(f));
                     }
                 }
             } else {
-                match &w.keys {
-                    LockKeys::All => blocked_all = true,
-                    LockKeys::Keys(ks) => {
-                        for k in ks {
-                            blocked.insert(k.clone(), ());
-                        }
-                    }
+                if all {
+                    blocked_all = true;
+                } else {
+                    blocked.extend(w.hashes.iter().map(|&h| (h, ())));
                 }
                 remaining.push_back(w);
             }
@@ -495,7 +524,7 @@ enum Started {
 
 /// A convoy granted in the current `wake`, with the count of its holds on each key.
 struct Forming {
-    holds: HashMap<Bytes, u32>,
+    holds: ByHash<u32>,
     convoy: Option<Convoy>,
     start: Option<Box<dyn FnOnce(Convoy)>>,
 }
