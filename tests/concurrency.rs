@@ -521,6 +521,22 @@ fn info_field(c: &mut Client, section: &str, name: &str) -> i64 {
         .unwrap_or_else(|| panic!("{name} in INFO {section}"))
 }
 
+/// Keeps the thread of `key`'s shard busy for `ms` milliseconds with a script (scripts
+/// run on the thread of their key), from a thread of the test's.
+fn keep_busy(server: &KiteServer, key: &str, ms: u64) -> thread::JoinHandle<()> {
+    let mut runner = server.client();
+    let script = format!(
+        "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+         repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > {} \
+         return 1",
+        ms * 1000
+    );
+    let key = key.to_string();
+    thread::spawn(move || {
+        assert_eq!(runner.cmd(&["EVAL", &script, "1", &key]), Resp::Integer(1));
+    })
+}
+
 /// Pushes queued behind one another on the shard of a key they all name go on together
 /// (a convoy): one round trip to the other shard for all of them, not one each.
 #[test]
@@ -536,18 +552,7 @@ fn pushes_queued_behind_a_hot_key_travel_together() {
     // A script on the list's shard keeps its thread busy for 0.3 s (scripts run on
     // the thread of their key): the first push to take the set waits there for it,
     // holding the set, and the pushes behind it queue on the set.
-    let mut runner = server.client();
-    let script = thread::spawn(move || {
-        let r = runner.cmd(&[
-            "EVAL",
-            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
-             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 300000 \
-             return 1",
-            "1",
-            &busy,
-        ]);
-        assert_eq!(r, Resp::Integer(1));
-    });
+    let script = keep_busy(&server, &busy, 300);
     thread::sleep(std::time::Duration::from_millis(100));
     const PUSHERS: usize = 12;
     let pushers: Vec<_> = (0..PUSHERS)
@@ -614,18 +619,7 @@ fn a_command_queued_behind_a_transaction_is_not_overtaken_by_later_ones() {
     let mut first = client_on_thread_zero(&server, &mut admin);
     let mut reader = client_on_thread_zero(&server, &mut admin);
     let mut second = client_on_thread_zero(&server, &mut admin);
-    let mut runner = server.client();
-    let script = thread::spawn(move || {
-        let r = runner.cmd(&[
-            "EVAL",
-            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
-             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 1000000 \
-             return 1",
-            "1",
-            &busy,
-        ]);
-        assert_eq!(r, Resp::Integer(1));
-    });
+    let script = keep_busy(&server, &busy, 1000);
     let pause = || thread::sleep(std::time::Duration::from_millis(250));
     let push = |c: &mut Client, job: &str| {
         let replies = c.pipeline(&[
@@ -678,18 +672,7 @@ fn one_shard_pushes_queued_on_a_hot_key_join_the_convoy() {
     let mut queued: Vec<Client> = (0..6)
         .map(|_| client_on_thread_zero(&server, &mut admin))
         .collect();
-    let mut runner = server.client();
-    let script = thread::spawn(move || {
-        let r = runner.cmd(&[
-            "EVAL",
-            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
-             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 800000 \
-             return 1",
-            "1",
-            &busy,
-        ]);
-        assert_eq!(r, Resp::Integer(1));
-    });
+    let script = keep_busy(&server, &busy, 800);
     let pause = || thread::sleep(std::time::Duration::from_millis(250));
     let push = |c: &mut Client, list: &str, job: &str| {
         let replies = c.pipeline(&[
@@ -754,18 +737,7 @@ fn keys_expire_on_a_shard_while_a_transaction_holds_another_key_there() {
     for _ in 0..2 {
         sub.read();
     }
-    let mut runner = server.client();
-    let script = thread::spawn(move || {
-        let r = runner.cmd(&[
-            "EVAL",
-            "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
-             repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 1200000 \
-             return 1",
-            "1",
-            &busy,
-        ]);
-        assert_eq!(r, Resp::Integer(1));
-    });
+    let script = keep_busy(&server, &busy, 1200);
     thread::sleep(std::time::Duration::from_millis(250));
     thread::scope(|s| {
         // Holds the set on shard 0 until the script lets the list's shard go.
