@@ -156,6 +156,9 @@ impl Shard {
         let lru_now = self.lru_at(now_ms);
         let ndbs = self.dbs.len();
         let mut best: Option<(u64, usize, Box<[u8]>)> = None;
+        if self.locks.whole_held() {
+            return None;
+        }
         for step in 0..ndbs {
             let db = (self.evict_next_db + step) % ndbs;
             let random = matches!(policy, Policy::AllkeysRandom | Policy::VolatileRandom);

@@ -147,6 +147,11 @@ impl LockTable {
         self.all_held == 0 && self.held.is_empty() && self.queue.is_empty()
     }
 
+    /// Whether a transaction holds the whole shard.
+    pub fn whole_held(&self) -> bool {
+        self.all_held > 0
+    }
+
     /// Whether a transaction holds `key` here (or the whole shard).
     pub fn is_held(&self, key: &[u8]) -> bool {
         self.all_held > 0 || (!self.held.is_empty() && self.held.contains_key(&self.hash_of(key)))

@@ -794,6 +794,9 @@ impl Shard {
         // a transaction only queued for a key has not read it, and finds it gone when it
         // runs, as a pipeline's unit does. Under a steady stream of pushes, each holding
         // `queues`, a shard would otherwise never expire anything actively.
+        if self.locks.whole_held() {
+            return false;
+        }
         let mut more = false;
         for db in 0..self.dbs.len() {
             if self.dbs[db].table.volatile_len() == 0 {
