@@ -263,14 +263,7 @@ async_handler!(exec, |sess, _args| {
     if let Plan::OneShard(target) = planned {
         if watch.is_none() && !any_refused && n > 0 && shard_transacting(sess, target) {
             if let Some(targets) = each_on_one_shard(sess, &m.queued) {
-                {
-                    let mut sh = sess.worker.shard.borrow_mut();
-                    if target == sess.worker.id {
-                        sh.stats.inline += 1;
-                    } else {
-                        sh.stats.one_hop += 1;
-                    }
-                }
+                count_one_shard(sess, target);
                 return run_as_parts(sess, m.queued, &targets).await;
             }
         }
@@ -290,14 +283,7 @@ async_handler!(exec, |sess, _args| {
                 whole: false,
             };
             let worker = sess.worker.clone();
-            {
-                let mut sh = worker.shard.borrow_mut();
-                if target == worker.id {
-                    sh.stats.inline += 1;
-                } else {
-                    sh.stats.one_hop += 1;
-                }
-            }
+            count_one_shard(sess, target);
             let cmds: VecDeque<_> = m.queued.into_iter().collect();
             let mut result = run_batch_on(&worker, target, cmds, spec).await;
             // Its time is the batch's run time there, not the wait for its answer (on
@@ -367,6 +353,16 @@ async fn run_as_parts(
     }
     sess.away_us = Some(away_us);
     unwatch_all(sess);
+}
+
+/// Counts a one-shard EXEC as an inline or a one-hop command (`INFO transactions`).
+fn count_one_shard(sess: &Session, target: usize) {
+    let mut sh = sess.worker.shard.borrow_mut();
+    if target == sess.worker.id {
+        sh.stats.inline += 1;
+    } else {
+        sh.stats.one_hop += 1;
+    }
 }
 
 /// Whether transactions hold or wait for keys on `shard` (a hint: it may have changed).

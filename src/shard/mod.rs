@@ -1478,7 +1478,7 @@ fn run_batch_from(worker: &Rc<Worker>, mut batch: Batch, mut resumed: bool) {
             let keys = cmd.key_positions(args);
             let write = cmd.has(crate::commands::flags::WRITE);
             let keys_of = || keys.iter().map(|&i| &args[i][..]);
-            let free = if std::mem::take(&mut resumed) {
+            let free = if resumed {
                 shard.locks.may_resume(keys_of(), write)
             } else {
                 shard.locks.is_free_to(keys_of(), write)
