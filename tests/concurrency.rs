@@ -769,3 +769,130 @@ fn keys_expire_on_a_shard_while_a_transaction_holds_another_key_there() {
         "the key expired only once the push let its key go"
     );
 }
+
+/// What the AOF files of `server`'s data directory hold, as text.
+fn aof_text(admin: &mut Client) -> String {
+    let dir = admin
+        .cmd(&["CONFIG", "GET", "dir"])
+        .as_array()
+        .expect("dir")[1]
+        .as_string()
+        .expect("a path");
+    let mut text = String::new();
+    let aof_dir = std::path::Path::new(&dir).join("appendonlydir");
+    for entry in std::fs::read_dir(&aof_dir).expect("the AOF directory") {
+        let bytes = std::fs::read(entry.expect("an entry").path()).expect("an AOF file");
+        text.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    text
+}
+
+/// A command that panics on a shard's thread (a bug) costs its own connection and
+/// nothing else: the thread goes on running the work other threads send it. Before, the
+/// panic ended the task that runs the thread's mail, and every later command for that
+/// shard from another thread's connection waited for ever.
+#[test]
+fn a_command_that_panics_on_another_thread_leaves_that_thread_serving() {
+    let mut server = KiteServer::start(&[], 2);
+    let mut admin = server.client();
+    let poison = key_on_shard(1, "poison");
+    let mut victim = client_on_thread_zero(&server, &mut admin);
+    assert_eq!(victim.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
+    victim.send(&["SET", &poison, "1"]);
+    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
+    assert!(closed, "the connection whose command panicked is closed");
+    let mut other = client_on_thread_zero(&server, &mut admin);
+    for i in 0..20 {
+        let key = key_on_shard(1, &format!("after{i}-"));
+        assert_eq!(other.cmd(&["SET", &key, "v"]), Resp::ok());
+        assert_eq!(other.cmd(&["GET", &key]), Resp::bulk("v"));
+    }
+    assert_eq!(other.cmd(&["SET", &poison, "2"]), Resp::ok());
+    assert_eq!(other.cmd(&["GET", &poison]), Resp::bulk("2"));
+    server.assert_alive();
+}
+
+/// A transaction whose command panics on one shard lets its keys go, and that shard's
+/// later writes still reach the AOF before they are acknowledged. Before, the panic left
+/// the shard holding its AOF buffer for the transaction's block, so every later write
+/// there was answered and never written.
+#[test]
+fn writes_after_a_transaction_panicked_still_reach_the_aof() {
+    let server = KiteServer::start(&["--appendonly", "yes", "--appendfsync", "always"], 2);
+    let mut admin = server.client();
+    let (first, poison) = (key_on_shard(0, "first"), key_on_shard(1, "poison"));
+    assert_eq!(admin.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
+    let mut victim = server.client();
+    for cmd in [
+        vec!["MULTI"],
+        vec!["SET", first.as_str(), "1"],
+        vec!["SET", poison.as_str(), "1"],
+    ] {
+        victim.cmd(&cmd);
+    }
+    victim.send(&["EXEC"]);
+    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
+    assert!(
+        closed,
+        "the connection whose transaction panicked is closed"
+    );
+    // Its keys are free again, from either thread.
+    for _ in 0..2 {
+        let mut c = server.client();
+        assert_eq!(c.cmd(&["SET", &first, "2"]), Resp::ok());
+        assert_eq!(c.cmd(&["SET", &poison, "2"]), Resp::ok());
+    }
+    let mut writer = server.client();
+    let later: Vec<String> = (0..4)
+        .map(|i| key_on_shard(1, &format!("later{i}-")))
+        .collect();
+    for key in &later {
+        assert_eq!(writer.cmd(&["SET", key, "kept"]), Resp::ok());
+    }
+    // appendfsync always: an acknowledged write is in the file.
+    let aof = aof_text(&mut admin);
+    for key in &later {
+        assert!(
+            aof.contains(key.as_str()),
+            "{key} acknowledged but not in the AOF"
+        );
+    }
+}
+
+/// A transaction whose command panics on the connection's own thread: that thread's
+/// later writes still reach the AOF before they are acknowledged.
+#[test]
+fn writes_after_a_transaction_panicked_on_its_own_thread_still_reach_the_aof() {
+    let server = KiteServer::start(&["--appendonly", "yes", "--appendfsync", "always"], 2);
+    let mut admin = server.client();
+    let (before, poison) = (key_on_shard(0, "before"), key_on_shard(0, "poison"));
+    let mut victim = client_on_thread_zero(&server, &mut admin);
+    assert_eq!(victim.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
+    for cmd in [
+        vec!["MULTI"],
+        vec!["SET", before.as_str(), "1"],
+        vec!["SET", poison.as_str(), "1"],
+    ] {
+        victim.cmd(&cmd);
+    }
+    victim.send(&["EXEC"]);
+    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
+    assert!(
+        closed,
+        "the connection whose transaction panicked is closed"
+    );
+    let mut writer = client_on_thread_zero(&server, &mut admin);
+    let later: Vec<String> = (0..4)
+        .map(|i| key_on_shard(0, &format!("later{i}-")))
+        .collect();
+    for key in &later {
+        assert_eq!(writer.cmd(&["SET", key, "kept"]), Resp::ok());
+    }
+    let aof = aof_text(&mut admin);
+    for key in &later {
+        assert!(
+            aof.contains(key.as_str()),
+            "{key} acknowledged but not in the AOF"
+        );
+    }
+}

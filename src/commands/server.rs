@@ -1064,6 +1064,8 @@ const DEBUG_HELP: &[&str] = &[
     "    Makes the AOF's fsyncs wait, fail with EIO, or run normally (Kite's test hook).",
     "SLEEP <seconds>",
     "    Stops this thread for <seconds> (decimals allowed).",
+    "PANIC-ON-KEY <key>",
+    "    The next command that names <key> panics on the key's thread (Kite's test hook).",
     "HELP",
     "    Print this help.",
 ];
@@ -1134,6 +1136,17 @@ async_handler!(debug, |sess, args| {
                 .aof
                 .fault
                 .store(code, Ordering::Relaxed);
+            sess.out.ok();
+        }
+        ("panic-on-key", 3) => {
+            // Kite's test hook: a bug in a command, on demand. The thread must go on
+            // serving its other clients and its shard's hops, and keep logging writes.
+            let key = args[2].clone();
+            let shard = sess.worker.shard_of(&key);
+            hop(&sess.worker, shard, move |w| {
+                w.shard.borrow_mut().panic_on = Some(key);
+            })
+            .await;
             sess.out.ok();
         }
         ("set-active-expire", 3) => match parse_i64(&args[2]) {

@@ -131,6 +131,7 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
     crate::shard::mailbox::open_outbox(id, shared.mailboxes.get().expect("mailboxes set"));
     let parking = shared;
     let hinted = worker.clone();
+    let panicked = worker.clone();
     event_loop.run(crate::net::event_loop::Parking {
         fresh_requests: Box::new(move |requests| {
             crate::server::dispatch::prefetch_first_keys(&hinted, requests)
@@ -146,6 +147,7 @@ fn worker_main(id: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) {
             crate::shard::mailbox::before_park(yields)
         }),
         after: Box::new(crate::shard::mailbox::after_unpark),
+        after_panic: Box::new(move || panicked.shard.borrow_mut().recover_from_panic()),
     })
 }
 
@@ -166,10 +168,19 @@ async fn serve_mailbox(worker: &Rc<Worker>) {
                 deferred.pop_front()
             };
             let Some(mail) = next else { break };
-            match mail {
+            // Mail that panics (a bug in a command) is dropped alone, and what it left
+            // half-changed put back: unwinding through this task would end it, and with
+            // it every later hop to this shard.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match mail {
                 Mail::Run(f) => f(worker),
                 Mail::Batch(b) => run_batch(worker, b),
                 Mail::Done(slot, result) => crate::shard::hops::deliver(slot, result),
+            }));
+            if outcome.is_err() {
+                tracing::error!(
+                    "Work sent to this thread panicked and was dropped; the connection that sent it is closed"
+                );
+                worker.shard.borrow_mut().recover_from_panic();
             }
             ran += 1;
             if ran == MAIL_PER_TURN {

@@ -434,6 +434,9 @@ pub struct Shard {
     /// The running command is a write: on a replica it still sees keys whose time has
     /// passed (only the master's DEL removes them).
     pub writing: bool,
+    /// Kite's test hook (DEBUG PANIC-ON-KEY): the next command here that names this key
+    /// panics, as a bug in a command would, so that tests can show the thread recovers.
+    pub panic_on: Option<Bytes>,
     rng: Cell<u64>,
     /// Where random eviction policies take their next key from (databases in turn).
     evict_next_db: usize,
@@ -491,6 +494,7 @@ impl Shard {
             aof: Default::default(),
             aof_defers: 0,
             writing: true,
+            panic_on: None,
             ops_samples: VecDeque::new(),
             second_history: VecDeque::new(),
             second_mark: 0,
@@ -708,6 +712,24 @@ impl Shard {
         }
         let piece = self.aof.take_all();
         self.shared.persist.aof.send_piece(piece);
+    }
+
+    /// Puts back what a command that panicked midway left set, so the thread goes on as
+    /// before: the AOF hold and deferral (left set, every later write here would be
+    /// acknowledged and never handed to the writer), a batch's slow-log redirect, the
+    /// tracking reader, the write flag, moves to wait for and unpublished events. What
+    /// the command changed stays changed, and its logged effects go to the AOF now, so
+    /// the file keeps following memory. Called at a task's or a mail's boundary, where no
+    /// other work on this thread is inside a hold (holds never span an await).
+    pub fn recover_from_panic(&mut self) {
+        self.aof.drop_holds();
+        self.aof_defers = 0;
+        self.aof_flush();
+        self.slow_for_home = None;
+        self.current = None;
+        self.writing = true;
+        self.settling.clear();
+        self.events.clear();
     }
 
     /// Keeps effects together (a transaction step, a script): nothing is handed over
@@ -1264,6 +1286,18 @@ pub fn exec_here(
     });
 }
 
+/// DEBUG PANIC-ON-KEY's panic, once, for the first command here that names the key.
+#[cold]
+#[inline(never)]
+fn panic_if_named(shard: &mut Shard, args: &[Bytes]) {
+    if let Some(key) = shard.panic_on.take_if(|k| args[1..].contains(k)) {
+        panic!(
+            "DEBUG PANIC-ON-KEY: a command on {} panics here",
+            String::from_utf8_lossy(&key)
+        );
+    }
+}
+
 /// `exec_here` for a command whose client is known here: `client` gives its address and
 /// name for a slow-log entry (asked only when the command was slow).
 #[allow(clippy::too_many_arguments)]
@@ -1281,6 +1315,9 @@ pub fn exec_here_for(
     let started = crate::clock::Stopwatch::start();
     let dirty_before = shard.dirty;
     shard.writing = cmd.has(crate::commands::flags::WRITE);
+    if shard.panic_on.is_some() {
+        panic_if_named(shard, args);
+    }
     let (effect, now_ms) = {
         let mut ctx = shard.ctx_at(db, out, started.unix_ms());
         ctx.no_touch = no_touch;

@@ -267,7 +267,7 @@ where
 }
 
 /// Polls the first task on the ready queue; false when the queue is empty.
-fn run_one() -> bool {
+fn run_one(after_panic: &mut dyn FnMut()) -> bool {
     let taken = TASKS.with_borrow_mut(|t| loop {
         let index = t.ready.pop_front()?;
         let slot = &mut t.slots[index as usize];
@@ -294,6 +294,7 @@ fn run_one() -> bool {
         Ok(p) => p.is_ready(),
         Err(_) => {
             tracing::error!("A task panicked and was dropped; its connection, if any, is closed");
+            after_panic();
             true
         }
     };
@@ -342,6 +343,10 @@ pub struct Parking {
     /// not read or write sockets: the buffers are borrowed while it runs, and a receive
     /// completing into one would find it so.
     pub fresh_requests: Box<FreshRequests>,
+    /// Called after a task panicked and was dropped: it puts back whatever thread state
+    /// the task left half-changed (a task that panics costs its own connection and
+    /// nothing else).
+    pub after_panic: Box<dyn FnMut()>,
 }
 
 /// The thread's loop: its epoll, its eventfd and the mailbox of tasks woken elsewhere.
@@ -416,6 +421,7 @@ impl EventLoop {
             before: Box::new(|| {}),
             after: Box::new(|| {}),
             fresh_requests: Box::new(|_| {}),
+            after_panic: Box::new(|| {}),
         };
         self.drive(&mut parking, &|| out.borrow().is_some());
         let v = out.borrow_mut().take().expect("the future finished");
@@ -431,7 +437,7 @@ impl EventLoop {
             // sockets have been looked at.
             reactor::hint_fresh(&mut *parking.fresh_requests);
             let mut n = ready_len();
-            while n > 0 && run_one() {
+            while n > 0 && run_one(&mut *parking.after_panic) {
                 n -= 1;
             }
             (parking.end_of_run)();

@@ -100,6 +100,11 @@ impl Effects {
         self.hold += 1;
     }
 
+    /// Ends every hold: what held them panicked (`Shard::recover_from_panic`).
+    pub fn drop_holds(&mut self) {
+        self.hold = 0;
+    }
+
     /// Ends one hold; true when none is left, so the caller hands the buffer over.
     pub fn release(&mut self) -> bool {
         self.hold -= 1;
