@@ -1295,6 +1295,57 @@ fn a_pop_served_by_a_multi_shard_exec_is_published_after_its_push() {
     }
 }
 
+/// A client blocked in BLMOVE whose source a multi-shard transaction pushes to has its
+/// element in the destination before EXEC answers: the same connection, reading the
+/// destination next in its pipeline, finds it there. Redis serves blocked clients as
+/// soon as the command that readied their key ends, before it reads anything else.
+/// Here the source's shard lets it go, and serves the move, after the transaction's last
+/// shard; the destination is on another shard again. Every other round WATCHes a key
+/// first, which takes the transaction another way.
+#[test]
+fn a_blmove_served_by_a_multi_shard_exec_has_landed_before_exec_answers() {
+    for threads in THREADS {
+        let what = format!("--threads {threads}");
+        let kite = KiteServer::start(&[], threads);
+        let mut admin = kite.client();
+        let src = key_on("lm:src:", 0, threads);
+        let dst = key_on("lm:dst:", 1, threads);
+        let last = key_on("lm:last:", threads - 1, threads);
+        let mut mover = kite.client();
+        // Connections are dealt to threads in turn: the pushers run from each thread.
+        let mut pushers: Vec<Client> = (0..threads).map(|_| kite.client()).collect();
+        for round in 0..60 {
+            mover.send(&["BLMOVE", &src, &dst, "LEFT", "RIGHT", "10"]);
+            wait_blocked(&mut admin, 1, &what);
+            let pusher = &mut pushers[round % threads];
+            let mut pipeline = if round % 2 == 1 {
+                vec![cmd(&["WATCH", &last])]
+            } else {
+                Vec::new()
+            };
+            pipeline.extend([
+                cmd(&["MULTI"]),
+                cmd(&["LPUSH", &src, "job"]),
+                cmd(&["SET", &last, "x"]),
+                cmd(&["EXEC"]),
+                cmd(&["LRANGE", &dst, "0", "-1"]),
+            ]);
+            let replies = pusher.pipeline(&pipeline);
+            assert_eq!(
+                replies.last().unwrap(),
+                &bulks(&["job"]),
+                "{what}, round {round}: the destination right after EXEC"
+            );
+            assert_eq!(
+                read_reply(&mut mover, &what),
+                Resp::bulk("job"),
+                "{what}: BLMOVE"
+            );
+            assert_eq!(admin.cmd(&["DEL", &dst]), Resp::Integer(1), "{what}");
+        }
+    }
+}
+
 /// A client blocked in BRPOP on a list of one shard; another client runs MULTI; SET
 /// (other shard); LPUSH list job; LLEN list; SET (another key); EXEC. Inside the
 /// transaction LLEN still sees the job (blocked clients are served after EXEC, as in

@@ -331,7 +331,7 @@ async_handler!(exec, |sess, _args| {
             }
             sess.in_exec = false;
             sess.away_us = Some(tx.away_us());
-            drop(tx);
+            tx.end().await;
         }
     }
     unwatch_all(sess);

@@ -55,6 +55,8 @@ pub struct Tx {
     /// How long the steps ran on other threads, in microseconds (the command's run time
     /// there; the wait for their answers is not).
     away_us: Cell<u64>,
+    /// Shards where the steps left blocked clients ready, served when the locks go.
+    readied: RefCell<Vec<usize>>,
 }
 
 /// Groups keys by owning shard, in ascending shard order, keeping repeats (EXISTS a a
@@ -88,6 +90,7 @@ impl Tx {
             dirty: Cell::new(0),
             rewrite: RefCell::new(None),
             away_us: Cell::new(0),
+            readied: RefCell::new(Vec::new()),
         };
         for (shard, keys) in wants {
             let (grant, granted) = oneshot::channel();
@@ -158,6 +161,8 @@ impl Tx {
                 events: Vec::new(),
                 slow: Vec::new(),
                 away_us: 0,
+                readied: Vec::new(),
+                settle: Vec::new(),
             }],
             granted: Vec::new(),
             held: Vec::new(),
@@ -170,6 +175,9 @@ impl Tx {
                 .send(first, Box::new(move |w| arrive(w, convoy)));
         }
         let mut out: Chained = answer.await.expect("shard thread stopped");
+        if !out.settle.is_empty() {
+            super::settle(std::mem::take(&mut out.settle)).await;
+        }
         if !out.slow.is_empty() {
             super::log_slow_from_away(worker, client_id, std::mem::take(&mut out.slow));
         }
@@ -200,7 +208,7 @@ impl Tx {
         F: FnOnce(&mut Shard) -> R + Send + 'static,
     {
         let away = shard != self.worker.id;
-        let (result, events, piece, dirty, ran_us) = hop(&self.worker, shard, move |w| {
+        let (result, events, piece, dirty, ran_us, readied) = hop(&self.worker, shard, move |w| {
             let start = crate::clock::Stopwatch::start();
             let mut sh = w.shard.borrow_mut();
             sh.aof_hold();
@@ -211,9 +219,13 @@ impl Tx {
             sh.aof_release();
             let dirty = sh.dirty - dirty_before;
             let events = std::mem::take(&mut sh.events);
-            (result, events, piece, dirty, start.elapsed_us())
+            let readied = sh.blocking.has_ready();
+            (result, events, piece, dirty, start.elapsed_us(), readied)
         })
         .await;
+        if readied && !self.readied.borrow().contains(&shard) {
+            self.readied.borrow_mut().push(shard);
+        }
         // A step on this thread ran inline, inside its caller's own run time.
         if away {
             self.away_us.set(self.away_us.get() + ran_us);
@@ -296,6 +308,12 @@ pub struct Chained {
     slow: Vec<super::logs::SlowEntry>,
     /// How long its shares ran on threads other than its connection's.
     away_us: u64,
+    /// Shards where its shares left blocked clients ready, to be served when its keys
+    /// there go.
+    readied: Vec<usize>,
+    /// Moves those clients set off (a BLMOVE to another shard), to land before its
+    /// connection answers, as a batch's do (`BatchResult::settle`).
+    settle: Vec<oneshot::Receiver<()>>,
 }
 
 /// Transactions travelling together from shard to shard in ascending order, in the
@@ -408,17 +426,111 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
             crate::pubsub::publish_event(w, db, event, &key);
         }
     }
-    for (at, keys) in std::mem::take(&mut convoy.held) {
-        if at == shard {
-            release_locks(w, &keys);
-        } else {
-            w.shared
-                .send(at, Box::new(move |w| release_locks(w, &keys)));
+    let held = std::mem::take(&mut convoy.held);
+    let landings = await_landings(
+        convoy
+            .members
+            .iter_mut()
+            .map(|m| (&m.readied[..], &mut m.settle)),
+    );
+    if landings.is_empty() {
+        for (at, keys) in held {
+            if at == shard {
+                release_locks(w, &keys);
+            } else {
+                w.shared
+                    .send(at, Box::new(move |w| release_locks(w, &keys)));
+            }
         }
+    } else {
+        release_then_signal(w, held, landings);
     }
     for mut m in std::mem::take(&mut convoy.members) {
         let done = m.done.take().expect("answered once");
         w.shared.answer(m.home, done, m);
+    }
+}
+
+/// For each shard where a member's share readied blocked clients, the signals that the
+/// moves serving them set off have landed; each member keeps the other end
+/// (`Chained::settle`). Empty on the common path, where no push of the convoy had a
+/// client waiting.
+fn await_landings<'a>(
+    waiting: impl IntoIterator<Item = (&'a [usize], &'a mut Vec<oneshot::Receiver<()>>)>,
+) -> Vec<(usize, Vec<oneshot::Sender<()>>)> {
+    let mut landings: Vec<(usize, Vec<oneshot::Sender<()>>)> = Vec::new();
+    for (readied, settle) in waiting {
+        for &at in readied {
+            let (landed, settled) = oneshot::channel();
+            settle.push(settled);
+            match landings.iter_mut().find(|l| l.0 == at) {
+                Some(l) => l.1.push(landed),
+                None => landings.push((at, vec![landed])),
+            }
+        }
+    }
+    landings
+}
+
+/// Lets the convoy's keys go, one message per shard, and where its members readied
+/// blocked clients, signals once the moves that serving them set off have landed. Those
+/// releases go through the mailbox even on this thread: inside a release (a convoy
+/// started by one), a release asked for here only queues, and would serve its waiters
+/// after this returns.
+fn release_then_signal(
+    w: &Rc<Worker>,
+    held: Vec<(usize, LockKeys)>,
+    mut landings: Vec<(usize, Vec<oneshot::Sender<()>>)>,
+) {
+    let mut by_shard: Vec<(usize, Vec<LockKeys>)> = Vec::new();
+    for (at, keys) in held {
+        match by_shard.iter_mut().find(|b| b.0 == at) {
+            Some(b) => b.1.push(keys),
+            None => by_shard.push((at, vec![keys])),
+        }
+    }
+    for (at, keys) in by_shard {
+        let signals = landings
+            .iter_mut()
+            .find(|l| l.0 == at)
+            .map(|l| std::mem::take(&mut l.1))
+            .unwrap_or_default();
+        if signals.is_empty() && at == w.id {
+            for k in &keys {
+                release_locks(w, k);
+            }
+            continue;
+        }
+        w.shared.send(
+            at,
+            Box::new(move |w| {
+                for k in &keys {
+                    release_locks(w, k);
+                }
+                let moves = std::mem::take(&mut w.shard.borrow_mut().settling);
+                signal_when_landed(moves, signals);
+            }),
+        );
+    }
+}
+
+/// Fires `signals` once every move in `moves` has landed (at once when there is none).
+fn signal_when_landed(moves: Vec<oneshot::Receiver<()>>, signals: Vec<oneshot::Sender<()>>) {
+    if signals.is_empty() {
+        return;
+    }
+    let fire = move || {
+        for s in signals {
+            let _ = s.send(());
+        }
+    };
+    if moves.is_empty() {
+        fire();
+    } else {
+        crate::net::event_loop::spawn_local(async move {
+            super::settle(moves).await;
+            fire();
+        });
     }
 }
 
@@ -443,19 +555,54 @@ fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 
         }
     }
     sh.aof_release();
+    // Served when the convoy lets the keys go (`release_then_signal`).
+    if sh.blocking.has_ready() && !m.readied.contains(&w.id) {
+        m.readied.push(w.id);
+    }
     m.slow = sh.slow_for_home.take().unwrap_or_default();
     drop(sh);
     start.elapsed_us()
 }
-impl Drop for Tx {
-    fn drop(&mut self) {
-        // The block goes to the AOF while every lock is still held: it follows what ran
-        // before on these keys and precedes what runs after.
+impl Tx {
+    /// Ends the transaction as dropping it does, and returns once the moves that serving
+    /// the blocked clients its steps readied set off have landed (a BLMOVE to another
+    /// shard): its connection answers after that, as a batch's does, so that the client
+    /// finds the element in the destination if it reads it next.
+    pub async fn end(mut self) {
+        let readied = std::mem::take(self.readied.get_mut());
+        let mut settled = Vec::new();
+        let landings = await_landings([(&readied[..], &mut settled)]);
+        if landings.is_empty() {
+            return;
+        }
+        self.write_block();
+        let held = std::mem::take(&mut self.held);
+        release_then_signal(&self.worker, held, landings);
+        self.publish_events();
+        drop(self);
+        super::settle(settled).await;
+    }
+
+    /// The block goes to the AOF while every lock is still held: it follows what ran
+    /// before on these keys and precedes what runs after.
+    fn write_block(&mut self) {
         let effects = std::mem::take(self.effects.get_mut());
         if !effects.is_empty() {
             let block = crate::persist::aof::effects::wrap(effects);
             self.worker.shared.persist.aof.send_piece(block);
         }
+    }
+
+    fn publish_events(&mut self) {
+        for (db, event, key) in self.events.take() {
+            crate::pubsub::publish_event(&self.worker, db, event, &key);
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        self.write_block();
         tracing::trace!(tx = self.id, "transaction releases its locks");
         for (shard, keys) in self.held.drain(..) {
             if shard == self.worker.id {
@@ -466,8 +613,6 @@ impl Drop for Tx {
                     .send(shard, Box::new(move |w| release_locks(w, &keys)));
             }
         }
-        for (db, event, key) in self.events.take() {
-            crate::pubsub::publish_event(&self.worker, db, event, &key);
-        }
+        self.publish_events();
     }
 }
