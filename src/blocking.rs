@@ -1734,7 +1734,7 @@ async fn move_across_shards(
     let effect = lists::move_effect(&src, &dst, from_left, to_left);
     let moved = lists::move_across(sess, src.clone(), dst.clone(), from_left, to_left, &tx);
     tx.logged(db, &effect, moved).await;
-    drop(tx);
+    tx.end().await;
     let written = &sess.out.buf[mark..];
     if written != b"$-1\r\n" && written != b"_\r\n" {
         return;

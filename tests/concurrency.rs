@@ -896,3 +896,81 @@ fn writes_after_a_transaction_panicked_on_its_own_thread_still_reach_the_aof() {
         );
     }
 }
+
+/// A connection on thread `thread` of a `threads`-thread server: one whose GET of a key
+/// on that thread's shard runs without a hop.
+fn client_on_thread(
+    server: &KiteServer,
+    admin: &mut Client,
+    threads: usize,
+    thread: usize,
+) -> Client {
+    let probe = (0..)
+        .map(|i| format!("probe{i}"))
+        .find(|k| shard_of(k, threads) == thread)
+        .expect("a key");
+    for _ in 0..4 * threads {
+        let mut c = server.client();
+        let before = info_field(admin, "transactions", "one_hop_commands");
+        c.cmd(&["GET", &probe]);
+        if info_field(admin, "transactions", "one_hop_commands") == before {
+            return c;
+        }
+    }
+    panic!("no connection landed on thread {thread}");
+}
+
+/// A client waits in BLMOVE on a list for a list of another shard; a transaction pushes
+/// to the list and, held up on a later shard, keeps it while a read of the list queues
+/// behind it. When the transaction lets the list go, the waiter is served before the
+/// queued read (Redis serves blocked clients as soon as the command that readied them
+/// ends), and EXEC answers once the element has landed: its connection, reading the
+/// destination next, finds it. (This passed before the release served its waiters ahead
+/// of the queued work, when the queued batch served the waiter and kept the move to wait
+/// for as its own: the landing still reached the destination's thread first here.)
+#[test]
+fn a_move_readied_by_a_transaction_lands_before_exec_answers_though_work_waited_on_its_list() {
+    let threads = 3;
+    let server = KiteServer::start(&[], threads);
+    let on = |shard: usize, tag: &str| {
+        (0..)
+            .map(|i| format!("{tag}{i}"))
+            .find(|k| shard_of(k, threads) == shard)
+            .expect("a key")
+    };
+    let (dst, src, other, busy) = (on(0, "dst"), on(1, "src"), on(2, "other"), on(2, "busy"));
+    let mut admin = server.client();
+    let mut mover = server.client();
+    mover.send(&["BLMOVE", &src, &dst, "LEFT", "RIGHT", "10"]);
+    common::blocked::wait_blocked(&mut admin, 1, "the mover");
+    let mut pusher = client_on_thread(&server, &mut admin, threads, 0);
+    let mut reader = client_on_thread(&server, &mut admin, threads, 0);
+    let mut runner = server.client();
+    let script = "local t = redis.call('TIME') local s = t[1] * 1000000 + t[2] \
+                  repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - s > 800000 \
+                  return 1";
+    thread::scope(|s| {
+        let busy_run = s.spawn(|| runner.cmd(&["EVAL", script, "1", &busy]));
+        thread::sleep(std::time::Duration::from_millis(250));
+        let push = s.spawn(|| {
+            pusher.pipeline(&[
+                vec!["MULTI"],
+                vec!["LPUSH", &src, "job"],
+                vec!["SET", &other, "x"],
+                vec!["EXEC"],
+                vec!["LRANGE", &dst, "0", "-1"],
+            ])
+        });
+        thread::sleep(std::time::Duration::from_millis(150));
+        // Queued behind the transaction, which holds the list until the script ends.
+        assert_eq!(reader.cmd(&["LLEN", &src]), Resp::Integer(0));
+        let replies = push.join().unwrap();
+        assert_eq!(
+            replies[4],
+            Resp::Array(vec![Resp::bulk("job")]),
+            "the destination right after EXEC"
+        );
+        assert_eq!(busy_run.join().unwrap(), Resp::Integer(1));
+    });
+    assert_eq!(mover.read(), Resp::bulk("job"));
+}

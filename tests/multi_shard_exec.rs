@@ -1308,16 +1308,23 @@ fn a_blmove_served_by_a_multi_shard_exec_has_landed_before_exec_answers() {
         let what = format!("--threads {threads}");
         let kite = KiteServer::start(&[], threads);
         let mut admin = kite.client();
-        let src = key_on("lm:src:", 0, threads);
-        let dst = key_on("lm:dst:", 1, threads);
-        let last = key_on("lm:last:", threads - 1, threads);
         let mut mover = kite.client();
         // Connections are dealt to threads in turn: the pushers run from each thread.
         let mut pushers: Vec<Client> = (0..threads).map(|_| kite.client()).collect();
-        for round in 0..60 {
+        for round in 0..8 * threads {
+            // The source on the first shard (let go after the last shard) or on the last
+            // (let go there); the other key on the other end.
+            let (src_shard, other_shard) = if round % 4 < 2 {
+                (0, threads - 1)
+            } else {
+                (threads - 1, 0)
+            };
+            let src = key_on("lm:src:", src_shard, threads);
+            let dst = key_on("lm:dst:", 1 - src_shard.min(1), threads);
+            let last = key_on("lm:other:", other_shard, threads);
             mover.send(&["BLMOVE", &src, &dst, "LEFT", "RIGHT", "10"]);
             wait_blocked(&mut admin, 1, &what);
-            let pusher = &mut pushers[round % threads];
+            let pusher = &mut pushers[(round / 4) % threads];
             let mut pipeline = if round % 2 == 1 {
                 vec![cmd(&["WATCH", &last])]
             } else {

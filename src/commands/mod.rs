@@ -890,8 +890,9 @@ pub async fn run_handler(sess: &mut Session, cmd: &'static Command, args: Vec<By
                 })
                 .await;
                 let away_us = tx.away_us();
-                // Outside its own time: releasing the locks runs what waited for them.
-                drop(tx);
+                // Outside its own time: releasing the locks runs what waited for them, and
+                // a move to another shard it set off lands before the reply.
+                tx.end().await;
                 sess.worker.shard.borrow_mut().stats.multi_shard += 1;
                 sess.record_run(cmd, &kept, own_us + away_us, mark);
             }

@@ -200,10 +200,10 @@ fn run_job_timed(worker: &Rc<Worker>, job: &Job) -> Outcome {
     });
     debug_assert!(prev.is_none(), "scripts do not nest");
     // The script's effects are one block in the AOF (Redis's effects replication).
-    let aof_mark = {
+    let (aof_mark, holds) = {
         let mut shard = worker.shard.borrow_mut();
         shard.aof_hold();
-        shard.aof.mark()
+        (shard.aof.mark(), shard.aof.holds())
     };
     let kind = if matches!(job.body, Body::Function(_)) {
         KIND_FUNCTION
@@ -233,6 +233,10 @@ fn run_job_timed(worker: &Rc<Worker>, job: &Job) -> Outcome {
     }))
     .unwrap_or_else(|_| {
         super::vm::reset();
+        // A command that panicked inside the script (or inside another thread's script
+        // call this one served while it waited) left its own hold here: only the
+        // script's stays, for the release below.
+        worker.shard.borrow_mut().aof.set_holds(holds);
         Err("ERR Kite: the script engine failed on this script".to_string())
     });
     super::vm::collect_if_large();
@@ -536,13 +540,14 @@ fn dispatch(run: &mut Running, cmd: &'static Command, argv: &[Bytes]) -> Result<
     let (reply, events, effects) = sync_call(&worker, target, move |w| {
         let mut reply = Reply::new(resp3);
         let mut shard = w.shard.borrow_mut();
-        // Released, and the waiters served, when the script ends (`release_guests`).
-        if first_visit {
-            shard.script_guests += 1;
-        }
         shard.aof_hold();
         let mark = shard.aof.mark();
         exec_here(&mut shard, cmd, f, &args, db, &mut reply, no_touch);
+        // Released, and the waiters served, when the script ends (`release_guests`);
+        // counted once the command has run, so one that panics leaves no guest behind.
+        if first_visit {
+            shard.script_guests += 1;
+        }
         let effects = shard.aof.take_since(mark);
         shard.aof_release();
         let events = std::mem::take(&mut shard.events);

@@ -1185,6 +1185,8 @@ pub struct Batch {
     /// Where each command's reply ends in `out`, for a `whole` batch, whose replies the
     /// connection interleaves with its own shard's.
     pub ends: Vec<usize>,
+    /// Moves its commands set off, kept while it waits for a lock midway.
+    pub settle: Vec<oneshot::Receiver<()>>,
 }
 
 /// What EXEC checks before it runs: the connection's dirty flag and its watched keys.
@@ -1484,6 +1486,9 @@ fn run_batch_from(worker: &Rc<Worker>, mut batch: Batch, mut resumed: bool) {
             return;
         }
     }
+    // Moves set off before the batch ran are not its own: a release that started it
+    // takes those for the transaction whose push readied them (`tx::release_then_signal`).
+    let settling_from = shard.settling.len();
     // A single-shard EXEC is one block in the AOF; a pipelined batch is handed over once.
     let mark = if atomic {
         shard.aof_hold();
@@ -1524,6 +1529,8 @@ fn run_batch_from(worker: &Rc<Worker>, mut batch: Batch, mut resumed: bool) {
                 let lock_keys = LockKeys::Keys(keys.iter().map(|&i| args[i].clone()).collect());
                 shard.aof_undefer();
                 batch.ran_us += started.elapsed_us();
+                let from = settling_from.min(shard.settling.len());
+                batch.settle.extend(shard.settling.drain(from..));
                 let w = worker.clone();
                 shard.locks.enqueue(
                     lock_keys,
@@ -1564,7 +1571,12 @@ fn run_batch_from(worker: &Rc<Worker>, mut batch: Batch, mut resumed: bool) {
     drop(shard);
     let sink = batch.remote.then_some(&mut batch.events);
     after_command_into(worker, sink);
-    let settle = std::mem::take(&mut worker.shard.borrow_mut().settling);
+    let mut settle = std::mem::take(&mut batch.settle);
+    {
+        let mut shard = worker.shard.borrow_mut();
+        let from = settling_from.min(shard.settling.len());
+        settle.extend(shard.settling.drain(from..));
+    }
     worker.shared.answer_batch(
         batch.from,
         batch.done,
@@ -1657,6 +1669,7 @@ pub async fn run_batch_on(
         slow: Vec::new(),
         whole: spec.whole,
         ends: Vec::new(),
+        settle: Vec::new(),
     };
     if target == worker.id {
         run_batch(worker, batch);
@@ -1837,6 +1850,12 @@ fn release(worker: &Rc<Worker>, first: Release) {
             }
             runnable
         };
+        // Blocked clients the releasing work readied are served before the work its
+        // keys go to, as Redis serves them as soon as the command that readied them
+        // ends; and the moves they set off stay for the releaser (`settling`).
+        if !runnable.is_empty() && worker.shard.borrow().blocking.has_ready() {
+            after_command(worker);
+        }
         for f in runnable {
             f();
         }

@@ -576,9 +576,9 @@ impl Tx {
             return;
         }
         self.write_block();
+        self.publish_events();
         let held = std::mem::take(&mut self.held);
         release_then_signal(&self.worker, held, landings);
-        self.publish_events();
         drop(self);
         super::settle(settled).await;
     }
@@ -593,6 +593,8 @@ impl Tx {
         }
     }
 
+    /// Its keyspace events, in step order, before anything its releases start can
+    /// publish its own (a waiter it readied, served there).
     fn publish_events(&mut self) {
         for (db, event, key) in self.events.take() {
             crate::pubsub::publish_event(&self.worker, db, event, &key);
@@ -603,6 +605,7 @@ impl Tx {
 impl Drop for Tx {
     fn drop(&mut self) {
         self.write_block();
+        self.publish_events();
         tracing::trace!(tx = self.id, "transaction releases its locks");
         for (shard, keys) in self.held.drain(..) {
             if shard == self.worker.id {
@@ -613,6 +616,5 @@ impl Drop for Tx {
                     .send(shard, Box::new(move |w| release_locks(w, &keys)));
             }
         }
-        self.publish_events();
     }
 }

@@ -294,10 +294,10 @@ fn run_one(after_panic: &mut dyn FnMut()) -> bool {
         Ok(p) => p.is_ready(),
         Err(_) => {
             tracing::error!("A task panicked and was dropped; its connection, if any, is closed");
-            after_panic();
             true
         }
     };
+    let panicked = polled.is_err();
     if done {
         TASKS.with_borrow_mut(|t| {
             let slot = &mut t.slots[index as usize];
@@ -307,8 +307,13 @@ fn run_one(after_panic: &mut dyn FnMut()) -> bool {
             t.free.push(index);
         });
         // Dropped outside the borrow: a future's fields may wake or spawn as they go.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(future)));
+        // Dropping one can run work too (a transaction's release starts what waited for
+        // its keys), so the thread's state is put back after the drop.
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(future)));
         drop(waker);
+        if panicked || dropped.is_err() {
+            after_panic();
+        }
     } else {
         TASKS.with_borrow_mut(|t| {
             let slot = &mut t.slots[index as usize];
@@ -343,9 +348,9 @@ pub struct Parking {
     /// not read or write sockets: the buffers are borrowed while it runs, and a receive
     /// completing into one would find it so.
     pub fresh_requests: Box<FreshRequests>,
-    /// Called after a task panicked and was dropped: it puts back whatever thread state
-    /// the task left half-changed (a task that panics costs its own connection and
-    /// nothing else).
+    /// Called after a task panicked and was dropped (or panicked as it was dropped): it
+    /// puts back whatever thread state the task left half-changed, so the thread and its
+    /// other connections go on.
     pub after_panic: Box<dyn FnMut()>,
 }
 

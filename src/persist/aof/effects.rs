@@ -105,6 +105,15 @@ impl Effects {
         self.hold = 0;
     }
 
+    /// How many holds are open, to put back with `set_holds` after a panic inside them.
+    pub fn holds(&self) -> u32 {
+        self.hold
+    }
+
+    pub fn set_holds(&mut self, holds: u32) {
+        self.hold = holds;
+    }
+
     /// Ends one hold; true when none is left, so the caller hands the buffer over.
     pub fn release(&mut self) -> bool {
         self.hold -= 1;
