@@ -974,3 +974,78 @@ fn a_move_readied_by_a_transaction_lands_before_exec_answers_though_work_waited_
     });
     assert_eq!(mover.read(), Resp::bulk("job"));
 }
+
+/// Transactions travelling together (a convoy) when one of them panics on a shard: that
+/// one's connection is closed, and the others are answered and applied in full. Before,
+/// the panic dropped the whole convoy: every member's connection was closed, each with
+/// part of its transaction applied.
+#[test]
+fn a_transaction_that_panics_in_a_convoy_costs_the_others_nothing() {
+    let server = KiteServer::start(&[], 2);
+    let (set, list, busy, poison) = (
+        key_on_shard(0, "queues"),
+        key_on_shard(1, "queue:"),
+        key_on_shard(1, "busy"),
+        key_on_shard(1, "poison"),
+    );
+    let mut admin = server.client();
+    assert_eq!(admin.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
+    // On the set's thread: the list's is kept busy, and would not read their requests.
+    let clients: Vec<Client> = (0..3)
+        .map(|_| client_on_thread_zero(&server, &mut admin))
+        .collect();
+    let before = info_field(&mut admin, "transactions", "convoy_joins");
+    // The first push holds the set and waits on the list's busy thread; the others
+    // queue on the set behind it and go on with it.
+    let script = keep_busy(&server, &busy, 400);
+    thread::sleep(std::time::Duration::from_millis(100));
+    let mut members = Vec::new();
+    for (i, mut c) in clients.into_iter().enumerate() {
+        let (set, list, poison) = (set.clone(), list.clone(), poison.clone());
+        members.push(thread::spawn(move || {
+            let member = format!("m{i}");
+            let second = if i == 1 {
+                vec!["SET".to_string(), poison, "x".to_string()]
+            } else {
+                vec!["LPUSH".to_string(), list, member.clone()]
+            };
+            let queued = [
+                vec!["MULTI".to_string()],
+                vec!["SADD".to_string(), set, member],
+                second,
+            ];
+            for q in &queued {
+                c.cmd(q);
+            }
+            c.send(&["EXEC"]);
+            c.try_read().ok()
+        }));
+        thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let answers: Vec<Option<Resp>> = members.into_iter().map(|m| m.join().unwrap()).collect();
+    script.join().unwrap();
+    assert!(
+        answers[1].is_none(),
+        "the transaction that panicked got {:?}",
+        answers[1]
+    );
+    for i in [0, 2] {
+        let items = answers[i]
+            .as_ref()
+            .and_then(|a| a.as_array().map(|a| a.to_vec()))
+            .unwrap_or_else(|| panic!("transaction {i} got {:?}", answers[i]));
+        assert_eq!(items.len(), 2, "transaction {i}: {items:?}");
+        assert_eq!(items[0], Resp::Integer(1), "transaction {i}: {items:?}");
+    }
+    assert!(
+        info_field(&mut admin, "transactions", "convoy_joins") > before,
+        "no convoy"
+    );
+    assert_eq!(
+        bytes_set(&admin.cmd(&["LRANGE", &list, "0", "-1"])),
+        [b"m0".to_vec(), b"m2".to_vec()].into_iter().collect()
+    );
+    // Its keys were let go with the convoy.
+    assert_eq!(admin.cmd(&["SET", &poison, "y"]), Resp::ok());
+    assert_eq!(admin.cmd(&["SADD", &set, "m3"]), Resp::Integer(1));
+}

@@ -722,13 +722,20 @@ impl Shard {
     /// the file keeps following memory. Called at a task's or a mail's boundary, where no
     /// other work on this thread is inside a hold (holds never span an await).
     pub fn recover_from_panic(&mut self) {
-        self.aof.drop_holds();
+        self.recover_inside(0);
         self.aof_defers = 0;
         self.aof_flush();
+        self.settling.clear();
+    }
+
+    /// `recover_from_panic` for a command that panicked inside work that goes on (a
+    /// convoy's other members): the AOF holds go back to `holds`, what the work had
+    /// open before the command.
+    pub fn recover_inside(&mut self, holds: u32) {
+        self.aof.set_holds(holds);
         self.slow_for_home = None;
         self.current = None;
         self.writing = true;
-        self.settling.clear();
         self.events.clear();
     }
 

@@ -350,9 +350,10 @@ impl Convoy {
 }
 
 impl Drop for Convoy {
-    /// A convoy dropped on its way (a command panicked in it, a thread stopped) lets go
-    /// of what it holds, so that the other work on those keys is not held up for ever.
-    /// Its members' connections get no answer, and what ran of them is not logged.
+    /// A convoy dropped on its way (a thread stopped; a member whose command panics only
+    /// leaves it, `run_convoy`) lets go of what it holds, so that the other work on those
+    /// keys is not held up for ever. Its members' connections get no answer, and what
+    /// ran of them is not logged.
     fn drop(&mut self) {
         for (shard, keys) in std::mem::take(&mut self.held) {
             self.shared
@@ -393,15 +394,39 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
     let shard = w.id;
     let granted = std::mem::take(&mut convoy.granted);
     convoy.held.extend(granted.into_iter().map(|k| (shard, k)));
-    // From here, a panic in a share drops the convoy, and its drop lets its keys go.
-    for m in &mut convoy.members {
+    let mut failed = Vec::new();
+    for (i, m) in convoy.members.iter_mut().enumerate() {
         if m.shares.front().is_none_or(|p| p.shard != shard) {
             continue;
         }
         let share = m.shares.pop_front().expect("a share for this shard");
-        let ran_us = run_share(w, share.steps, m);
-        if shard != m.home {
-            m.away_us += ran_us;
+        let holds = w.shard.borrow().aof.holds();
+        // A member whose command panics (a bug) leaves alone: the others go on.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_share(w, share.steps, m)
+        }));
+        match ran {
+            Ok(ran_us) if shard != m.home => m.away_us += ran_us,
+            Ok(_) => {}
+            Err(_) => {
+                w.shard.borrow_mut().recover_inside(holds);
+                failed.push(i);
+            }
+        }
+    }
+    for i in failed.into_iter().rev() {
+        let m = convoy.members.remove(i);
+        tracing::error!(
+            "A transaction's command panicked; the transaction is dropped and its connection closed, the ones travelling with it go on"
+        );
+        // What ran of it stays in memory, so its block goes to the AOF while its keys
+        // are still held; its later shares never run, and its connection gets no answer.
+        let mut pieces = m.effects;
+        if !pieces.is_empty() {
+            pieces.sort_by_key(|p| p.0);
+            let block =
+                crate::persist::aof::effects::wrap(pieces.into_iter().map(|p| p.1).collect());
+            w.shared.persist.aof.send_piece(block);
         }
     }
     if let Some(next) = convoy.next_shard() {

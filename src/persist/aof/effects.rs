@@ -100,11 +100,6 @@ impl Effects {
         self.hold += 1;
     }
 
-    /// Ends every hold: what held them panicked (`Shard::recover_from_panic`).
-    pub fn drop_holds(&mut self) {
-        self.hold = 0;
-    }
-
     /// How many holds are open, to put back with `set_holds` after a panic inside them.
     pub fn holds(&self) -> u32 {
         self.hold
