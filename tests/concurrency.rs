@@ -812,6 +812,42 @@ fn a_command_that_panics_on_another_thread_leaves_that_thread_serving() {
     server.assert_alive();
 }
 
+/// Runs MULTI; SET `first`; SET `poison`; EXEC on `victim`, where `poison`'s command
+/// panics, and checks that the connection is closed.
+fn exec_that_panics(victim: &mut Client, first: &str, poison: &str) {
+    for cmd in [
+        vec!["MULTI"],
+        vec!["SET", first, "1"],
+        vec!["SET", poison, "1"],
+    ] {
+        victim.cmd(&cmd);
+    }
+    victim.send(&["EXEC"]);
+    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
+    assert!(
+        closed,
+        "the connection whose transaction panicked is closed"
+    );
+}
+
+/// Writes keys on `shard` through `writer` and checks that each, once acknowledged, is
+/// in the AOF (the server runs `appendfsync always`).
+fn assert_later_writes_reach_the_aof(writer: &mut Client, admin: &mut Client, shard: usize) {
+    let later: Vec<String> = (0..4)
+        .map(|i| key_on_shard(shard, &format!("later{i}-")))
+        .collect();
+    for key in &later {
+        assert_eq!(writer.cmd(&["SET", key, "kept"]), Resp::ok());
+    }
+    let aof = aof_text(admin);
+    for key in &later {
+        assert!(
+            aof.contains(key.as_str()),
+            "{key} acknowledged but not in the AOF"
+        );
+    }
+}
+
 /// A transaction whose command panics on one shard lets its keys go, and that shard's
 /// later writes still reach the AOF before they are acknowledged. Before, the panic left
 /// the shard holding its AOF buffer for the transaction's block, so every later write
@@ -822,41 +858,14 @@ fn writes_after_a_transaction_panicked_still_reach_the_aof() {
     let mut admin = server.client();
     let (first, poison) = (key_on_shard(0, "first"), key_on_shard(1, "poison"));
     assert_eq!(admin.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
-    let mut victim = server.client();
-    for cmd in [
-        vec!["MULTI"],
-        vec!["SET", first.as_str(), "1"],
-        vec!["SET", poison.as_str(), "1"],
-    ] {
-        victim.cmd(&cmd);
-    }
-    victim.send(&["EXEC"]);
-    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
-    assert!(
-        closed,
-        "the connection whose transaction panicked is closed"
-    );
+    exec_that_panics(&mut server.client(), &first, &poison);
     // Its keys are free again, from either thread.
     for _ in 0..2 {
         let mut c = server.client();
         assert_eq!(c.cmd(&["SET", &first, "2"]), Resp::ok());
         assert_eq!(c.cmd(&["SET", &poison, "2"]), Resp::ok());
     }
-    let mut writer = server.client();
-    let later: Vec<String> = (0..4)
-        .map(|i| key_on_shard(1, &format!("later{i}-")))
-        .collect();
-    for key in &later {
-        assert_eq!(writer.cmd(&["SET", key, "kept"]), Resp::ok());
-    }
-    // appendfsync always: an acknowledged write is in the file.
-    let aof = aof_text(&mut admin);
-    for key in &later {
-        assert!(
-            aof.contains(key.as_str()),
-            "{key} acknowledged but not in the AOF"
-        );
-    }
+    assert_later_writes_reach_the_aof(&mut server.client(), &mut admin, 1);
 }
 
 /// A transaction whose command panics on the connection's own thread: that thread's
@@ -868,33 +877,9 @@ fn writes_after_a_transaction_panicked_on_its_own_thread_still_reach_the_aof() {
     let (before, poison) = (key_on_shard(0, "before"), key_on_shard(0, "poison"));
     let mut victim = client_on_thread_zero(&server, &mut admin);
     assert_eq!(victim.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
-    for cmd in [
-        vec!["MULTI"],
-        vec!["SET", before.as_str(), "1"],
-        vec!["SET", poison.as_str(), "1"],
-    ] {
-        victim.cmd(&cmd);
-    }
-    victim.send(&["EXEC"]);
-    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
-    assert!(
-        closed,
-        "the connection whose transaction panicked is closed"
-    );
+    exec_that_panics(&mut victim, &before, &poison);
     let mut writer = client_on_thread_zero(&server, &mut admin);
-    let later: Vec<String> = (0..4)
-        .map(|i| key_on_shard(0, &format!("later{i}-")))
-        .collect();
-    for key in &later {
-        assert_eq!(writer.cmd(&["SET", key, "kept"]), Resp::ok());
-    }
-    let aof = aof_text(&mut admin);
-    for key in &later {
-        assert!(
-            aof.contains(key.as_str()),
-            "{key} acknowledged but not in the AOF"
-        );
-    }
+    assert_later_writes_reach_the_aof(&mut writer, &mut admin, 0);
 }
 
 /// A connection on thread `thread` of a `threads`-thread server: one whose GET of a key

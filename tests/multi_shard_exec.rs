@@ -1299,9 +1299,10 @@ fn a_pop_served_by_a_multi_shard_exec_is_published_after_its_push() {
 /// element in the destination before EXEC answers: the same connection, reading the
 /// destination next in its pipeline, finds it there. Redis serves blocked clients as
 /// soon as the command that readied their key ends, before it reads anything else.
-/// Here the source's shard lets it go, and serves the move, after the transaction's last
-/// shard; the destination is on another shard again. Every other round WATCHes a key
-/// first, which takes the transaction another way.
+/// The source is on the first shard (let go, and the move served, after the
+/// transaction's last shard has run) or on the last one, the destination on another
+/// shard again; every other round WATCHes a key first, which takes the transaction
+/// another way; and each pusher's connection lives on a thread of its own.
 #[test]
 fn a_blmove_served_by_a_multi_shard_exec_has_landed_before_exec_answers() {
     for threads in THREADS {
