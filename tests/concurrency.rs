@@ -963,11 +963,12 @@ fn a_move_readied_by_a_transaction_lands_before_exec_answers_though_work_waited_
 /// Transactions travelling together (a convoy) when one of them panics on a shard: that
 /// one's connection is closed, and the others are answered and applied in full. Before,
 /// the panic dropped the whole convoy: every member's connection was closed, each with
-/// part of its transaction applied.
+/// part of its transaction applied. What ran of the one that panicked is in memory, and
+/// the AOF has every member's pushes in the order memory has them.
 #[test]
 fn a_transaction_that_panics_in_a_convoy_costs_the_others_nothing() {
-    let server = KiteServer::start(&[], 2);
-    let (set, list, busy, poison) = (
+    let server = KiteServer::start(&["--appendonly", "yes", "--appendfsync", "always"], 2);
+    let (head, list, busy, poison) = (
         key_on_shard(0, "queues"),
         key_on_shard(1, "queue:"),
         key_on_shard(1, "busy"),
@@ -975,28 +976,29 @@ fn a_transaction_that_panics_in_a_convoy_costs_the_others_nothing() {
     );
     let mut admin = server.client();
     assert_eq!(admin.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
-    // On the set's thread: the list's is kept busy, and would not read their requests.
-    let clients: Vec<Client> = (0..3)
+    // On the first list's thread: the other's is kept busy, and would not read them.
+    let clients: Vec<Client> = (0..4)
         .map(|_| client_on_thread_zero(&server, &mut admin))
         .collect();
     let before = info_field(&mut admin, "transactions", "convoy_joins");
-    // The first push holds the set and waits on the list's busy thread; the others
-    // queue on the set behind it and go on with it.
+    // The first transaction holds `head` and waits on the busy thread; the others queue
+    // on `head` behind it and go on together once it lets `head` go. The third of the
+    // four panics, behind one that pushed to `head` before it in the same convoy.
     let script = keep_busy(&server, &busy, 400);
     thread::sleep(std::time::Duration::from_millis(100));
     let mut members = Vec::new();
     for (i, mut c) in clients.into_iter().enumerate() {
-        let (set, list, poison) = (set.clone(), list.clone(), poison.clone());
+        let (head, list, poison) = (head.clone(), list.clone(), poison.clone());
         members.push(thread::spawn(move || {
             let member = format!("m{i}");
-            let second = if i == 1 {
+            let second = if i == 2 {
                 vec!["SET".to_string(), poison, "x".to_string()]
             } else {
                 vec!["LPUSH".to_string(), list, member.clone()]
             };
             let queued = [
                 vec!["MULTI".to_string()],
-                vec!["SADD".to_string(), set, member],
+                vec!["LPUSH".to_string(), head, member],
                 second,
             ];
             for q in &queued {
@@ -1010,17 +1012,16 @@ fn a_transaction_that_panics_in_a_convoy_costs_the_others_nothing() {
     let answers: Vec<Option<Resp>> = members.into_iter().map(|m| m.join().unwrap()).collect();
     script.join().unwrap();
     assert!(
-        answers[1].is_none(),
+        answers[2].is_none(),
         "the transaction that panicked got {:?}",
-        answers[1]
+        answers[2]
     );
-    for i in [0, 2] {
+    for i in [0, 1, 3] {
         let items = answers[i]
             .as_ref()
             .and_then(|a| a.as_array().map(|a| a.to_vec()))
             .unwrap_or_else(|| panic!("transaction {i} got {:?}", answers[i]));
         assert_eq!(items.len(), 2, "transaction {i}: {items:?}");
-        assert_eq!(items[0], Resp::Integer(1), "transaction {i}: {items:?}");
     }
     assert!(
         info_field(&mut admin, "transactions", "convoy_joins") > before,
@@ -1028,9 +1029,39 @@ fn a_transaction_that_panics_in_a_convoy_costs_the_others_nothing() {
     );
     assert_eq!(
         bytes_set(&admin.cmd(&["LRANGE", &list, "0", "-1"])),
-        [b"m0".to_vec(), b"m2".to_vec()].into_iter().collect()
+        [b"m0".to_vec(), b"m1".to_vec(), b"m3".to_vec()]
+            .into_iter()
+            .collect()
+    );
+    // Every member pushed to `head`, the one that panicked too (its first command ran);
+    // a replay of the AOF must push them in the order memory has them.
+    let in_memory: Vec<String> = admin
+        .cmd(&["LRANGE", &head, "0", "-1"])
+        .as_array()
+        .expect("a list")
+        .iter()
+        .rev()
+        .map(|m| m.as_string().expect("a member"))
+        .collect();
+    assert_eq!(in_memory.len(), 4, "{in_memory:?}");
+    let aof = aof_text(&mut admin);
+    let mut in_aof: Vec<(usize, String)> = in_memory
+        .iter()
+        .map(|m| {
+            let push = format!("${}\r\n{head}\r\n${}\r\n{m}\r\n", head.len(), m.len());
+            let at = aof
+                .find(&push)
+                .unwrap_or_else(|| panic!("{m}'s push to {head} not in the AOF"));
+            (at, m.clone())
+        })
+        .collect();
+    in_aof.sort();
+    let in_aof: Vec<String> = in_aof.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(
+        in_aof, in_memory,
+        "pushes to {head}: the AOF's order, memory's"
     );
     // Its keys were let go with the convoy.
     assert_eq!(admin.cmd(&["SET", &poison, "y"]), Resp::ok());
-    assert_eq!(admin.cmd(&["SADD", &set, "m3"]), Resp::Integer(1));
+    assert_eq!(admin.cmd(&["LPUSH", &head, "m3"]), Resp::Integer(5));
 }

@@ -402,6 +402,13 @@ pub struct Db {
     pub avg_ttl: u64,
 }
 
+/// The AOF holds and deferral open on a shard (`Shard::open`).
+#[derive(Clone, Copy, Default)]
+pub struct Open {
+    holds: u32,
+    defers: u32,
+}
+
 /// One shard of the keyspace: its databases, locks, watched keys and counters.
 pub struct Shard {
     pub dbs: Vec<Db>,
@@ -722,21 +729,29 @@ impl Shard {
     /// the file keeps following memory. Called at a task's or a mail's boundary, where no
     /// other work on this thread is inside a hold (holds never span an await).
     pub fn recover_from_panic(&mut self) {
-        self.recover_inside(0);
-        self.aof_defers = 0;
+        self.recover_inside(Open::default());
         self.aof_flush();
         self.settling.clear();
+        self.events.clear();
+    }
+
+    /// What is open around a piece of work that may panic, to `recover_inside` to.
+    pub fn open(&self) -> Open {
+        Open {
+            holds: self.aof.holds(),
+            defers: self.aof_defers,
+        }
     }
 
     /// `recover_from_panic` for a command that panicked inside work that goes on (a
-    /// convoy's other members): the AOF holds go back to `holds`, what the work had
-    /// open before the command.
-    pub fn recover_inside(&mut self, holds: u32) {
-        self.aof.set_holds(holds);
+    /// release's other grants, a convoy's other members): the AOF holds and deferral go
+    /// back to what was open before it.
+    pub fn recover_inside(&mut self, open: Open) {
+        self.aof.set_holds(open.holds);
+        self.aof_defers = open.defers;
         self.slow_for_home = None;
         self.current = None;
         self.writing = true;
-        self.events.clear();
     }
 
     /// Keeps effects together (a transaction step, a script): nothing is handed over
@@ -1864,7 +1879,13 @@ fn release(worker: &Rc<Worker>, first: Release) {
             after_command(worker);
         }
         for f in runnable {
-            f();
+            // One that panics (a bug) does not take the rest with it: dropped unrun, a
+            // grant or a convoy would leave keys the lock table counts as held.
+            let open = worker.shard.borrow().open();
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                tracing::error!("Work a release started panicked and was dropped");
+                worker.shard.borrow_mut().recover_inside(open);
+            }
         }
         next = RELEASING.with(|r| r.borrow_mut().as_mut().and_then(|l| l.pop_front()));
         if next.is_none() && worker.shard.borrow_mut().locks.take_rewake() {

@@ -163,6 +163,7 @@ impl Tx {
                 away_us: 0,
                 readied: Vec::new(),
                 settle: Vec::new(),
+                failed: false,
             }],
             granted: Vec::new(),
             held: Vec::new(),
@@ -314,6 +315,8 @@ pub struct Chained {
     /// Moves those clients set off (a BLMOVE to another shard), to land before its
     /// connection answers, as a batch's do (`BatchResult::settle`).
     settle: Vec<oneshot::Receiver<()>>,
+    /// One of its commands panicked: the rest of it did not run.
+    failed: bool,
 }
 
 /// Transactions travelling together from shard to shard in ascending order, in the
@@ -355,6 +358,12 @@ impl Drop for Convoy {
     /// keys is not held up for ever. Its members' connections get no answer, and what
     /// ran of them is not logged.
     fn drop(&mut self) {
+        // Granted here and not yet run: this thread's shard is the one it is at.
+        if let Some(here) = super::current_thread() {
+            for keys in std::mem::take(&mut self.granted) {
+                self.held.push((here, keys));
+            }
+        }
         for (shard, keys) in std::mem::take(&mut self.held) {
             self.shared
                 .send(shard, Box::new(move |w| release_locks(w, &keys)));
@@ -394,14 +403,17 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
     let shard = w.id;
     let granted = std::mem::take(&mut convoy.granted);
     convoy.held.extend(granted.into_iter().map(|k| (shard, k)));
-    let mut failed = Vec::new();
-    for (i, m) in convoy.members.iter_mut().enumerate() {
+    for m in &mut convoy.members {
         if m.shares.front().is_none_or(|p| p.shard != shard) {
             continue;
         }
         let share = m.shares.pop_front().expect("a share for this shard");
-        let holds = w.shard.borrow().aof.holds();
-        // A member whose command panics (a bug) leaves alone: the others go on.
+        let (open, mark) = {
+            let mut sh = w.shard.borrow_mut();
+            sh.aof_flush();
+            (sh.open(), sh.aof.mark())
+        };
+        // A member whose command panics (a bug) stops there; the others go on.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             run_share(w, share.steps, m)
         }));
@@ -409,24 +421,26 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
             Ok(ran_us) if shard != m.home => m.away_us += ran_us,
             Ok(_) => {}
             Err(_) => {
-                w.shard.borrow_mut().recover_inside(holds);
-                failed.push(i);
+                tracing::error!(
+                    "A transaction's command panicked: it stops there and its connection is closed; the ones travelling with it go on"
+                );
+                let mut sh = w.shard.borrow_mut();
+                sh.recover_inside(open);
+                // What the command logged before it panicked is in memory: it ends the
+                // member's block, which is written in its place among the others'.
+                let piece = sh.aof.take_since(mark);
+                let taken: Vec<usize> = m.effects.iter().map(|p| p.0).collect();
+                if !piece.bytes.is_empty() {
+                    let after = taken.into_iter().max().map_or(0, |at| at + 1);
+                    m.effects.push((after, piece));
+                }
+                let events = std::mem::take(&mut sh.events);
+                if !events.is_empty() {
+                    m.events.push((usize::MAX, events));
+                }
+                m.shares.clear();
+                m.failed = true;
             }
-        }
-    }
-    for i in failed.into_iter().rev() {
-        let m = convoy.members.remove(i);
-        tracing::error!(
-            "A transaction's command panicked; the transaction is dropped and its connection closed, the ones travelling with it go on"
-        );
-        // What ran of it stays in memory, so its block goes to the AOF while its keys
-        // are still held; its later shares never run, and its connection gets no answer.
-        let mut pieces = m.effects;
-        if !pieces.is_empty() {
-            pieces.sort_by_key(|p| p.0);
-            let block =
-                crate::persist::aof::effects::wrap(pieces.into_iter().map(|p| p.1).collect());
-            w.shared.persist.aof.send_piece(block);
         }
     }
     if let Some(next) = convoy.next_shard() {
@@ -472,7 +486,10 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
     }
     for mut m in std::mem::take(&mut convoy.members) {
         let done = m.done.take().expect("answered once");
-        w.shared.answer(m.home, done, m);
+        // A member that failed gets no answer: its connection is closed.
+        if !m.failed {
+            w.shared.answer(m.home, done, m);
+        }
     }
 }
 

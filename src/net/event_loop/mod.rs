@@ -298,6 +298,11 @@ fn run_one(after_panic: &mut dyn FnMut()) -> bool {
         }
     };
     let panicked = polled.is_err();
+    if panicked {
+        // Before the drop too: dropping the task can release its locks and run what
+        // waited for them, which must not inherit the panicked command's AOF hold.
+        after_panic();
+    }
     if done {
         TASKS.with_borrow_mut(|t| {
             let slot = &mut t.slots[index as usize];
