@@ -460,10 +460,7 @@ fn cross_shard_list_moves_conserve_elements_threads2() {
 
 /// The first key `<tag><i>` on `shard` of a two-thread Kite.
 fn key_on_shard(shard: usize, tag: &str) -> String {
-    (0..)
-        .map(|i| format!("{tag}{i}"))
-        .find(|k| shard_of(k, 2) == shard)
-        .expect("a key")
+    key_on_shard_of(2, shard, tag)
 }
 
 fn info_hops(c: &mut Client) -> i64 {
@@ -790,26 +787,29 @@ fn aof_text(admin: &mut Client) -> String {
 /// A command that panics on a shard's thread (a bug) costs its own connection and
 /// nothing else: the thread goes on running the work other threads send it. Before, the
 /// panic ended the task that runs the thread's mail, and every later command for that
-/// shard from another thread's connection waited for ever.
+/// shard from another thread's connection waited for ever. At 2 and 4 threads.
 #[test]
 fn a_command_that_panics_on_another_thread_leaves_that_thread_serving() {
-    let mut server = KiteServer::start(&[], 2);
-    let mut admin = server.client();
-    let poison = key_on_shard(1, "poison");
-    let mut victim = client_on_thread_zero(&server, &mut admin);
-    assert_eq!(victim.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
-    victim.send(&["SET", &poison, "1"]);
-    let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
-    assert!(closed, "the connection whose command panicked is closed");
-    let mut other = client_on_thread_zero(&server, &mut admin);
-    for i in 0..20 {
-        let key = key_on_shard(1, &format!("after{i}-"));
-        assert_eq!(other.cmd(&["SET", &key, "v"]), Resp::ok());
-        assert_eq!(other.cmd(&["GET", &key]), Resp::bulk("v"));
+    for threads in [2, 4] {
+        let mut server = KiteServer::start(&[], threads);
+        let mut admin = server.client();
+        let last = threads - 1;
+        let poison = key_on_shard_of(threads, last, "poison");
+        let mut victim = client_on_thread(&server, &mut admin, threads, 0);
+        assert_eq!(victim.cmd(&["DEBUG", "PANIC-ON-KEY", &poison]), Resp::ok());
+        victim.send(&["SET", &poison, "1"]);
+        let (_, closed) = victim.read_raw_until_close(std::time::Duration::from_secs(5));
+        assert!(closed, "the connection whose command panicked is closed");
+        let mut other = client_on_thread(&server, &mut admin, threads, 0);
+        for i in 0..20 {
+            let key = key_on_shard_of(threads, last, &format!("after{i}-"));
+            assert_eq!(other.cmd(&["SET", &key, "v"]), Resp::ok());
+            assert_eq!(other.cmd(&["GET", &key]), Resp::bulk("v"));
+        }
+        assert_eq!(other.cmd(&["SET", &poison, "2"]), Resp::ok());
+        assert_eq!(other.cmd(&["GET", &poison]), Resp::bulk("2"));
+        server.assert_alive();
     }
-    assert_eq!(other.cmd(&["SET", &poison, "2"]), Resp::ok());
-    assert_eq!(other.cmd(&["GET", &poison]), Resp::bulk("2"));
-    server.assert_alive();
 }
 
 /// Runs MULTI; SET `first`; SET `poison`; EXEC on `victim`, where `poison`'s command
@@ -882,6 +882,14 @@ fn writes_after_a_transaction_panicked_on_its_own_thread_still_reach_the_aof() {
     assert_later_writes_reach_the_aof(&mut writer, &mut admin, 0);
 }
 
+/// The first key `<tag><i>` on `shard` of a `threads`-thread server.
+fn key_on_shard_of(threads: usize, shard: usize, tag: &str) -> String {
+    (0..)
+        .map(|i| format!("{tag}{i}"))
+        .find(|k| shard_of(k, threads) == shard)
+        .expect("a key")
+}
+
 /// A connection on thread `thread` of a `threads`-thread server: one whose GET of a key
 /// on that thread's shard runs without a hop.
 fn client_on_thread(
@@ -890,10 +898,7 @@ fn client_on_thread(
     threads: usize,
     thread: usize,
 ) -> Client {
-    let probe = (0..)
-        .map(|i| format!("probe{i}"))
-        .find(|k| shard_of(k, threads) == thread)
-        .expect("a key");
+    let probe = key_on_shard_of(threads, thread, "probe");
     for _ in 0..4 * threads {
         let mut c = server.client();
         let before = info_field(admin, "transactions", "one_hop_commands");
@@ -917,12 +922,7 @@ fn client_on_thread(
 fn a_move_readied_by_a_transaction_lands_before_exec_answers_though_work_waited_on_its_list() {
     let threads = 3;
     let server = KiteServer::start(&[], threads);
-    let on = |shard: usize, tag: &str| {
-        (0..)
-            .map(|i| format!("{tag}{i}"))
-            .find(|k| shard_of(k, threads) == shard)
-            .expect("a key")
-    };
+    let on = |shard: usize, tag: &str| key_on_shard_of(threads, shard, tag);
     let (dst, src, other, busy) = (on(0, "dst"), on(1, "src"), on(2, "other"), on(2, "busy"));
     let mut admin = server.client();
     let mut mover = server.client();

@@ -408,6 +408,7 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
             continue;
         }
         let share = m.shares.pop_front().expect("a share for this shard");
+        // What this shard logged before the grant precedes the transaction's block.
         let (open, mark) = {
             let mut sh = w.shard.borrow_mut();
             sh.aof_flush();
@@ -429,9 +430,8 @@ fn run_convoy(w: &Rc<Worker>, mut convoy: Convoy) {
                 // What the command logged before it panicked is in memory: it ends the
                 // member's block, which is written in its place among the others'.
                 let piece = sh.aof.take_since(mark);
-                let taken: Vec<usize> = m.effects.iter().map(|p| p.0).collect();
                 if !piece.bytes.is_empty() {
-                    let after = taken.into_iter().max().map_or(0, |at| at + 1);
+                    let after = m.effects.iter().map(|p| p.0 + 1).max().unwrap_or(0);
                     m.effects.push((after, piece));
                 }
                 let events = std::mem::take(&mut sh.events);
@@ -576,13 +576,12 @@ fn signal_when_landed(moves: Vec<oneshot::Receiver<()>>, signals: Vec<oneshot::S
     }
 }
 
-/// Runs one member's share on this thread's shard, whose keys the convoy holds, and
-/// keeps its replies, events and effects in it; returns how long it ran.
+/// Runs one member's share on this thread's shard, whose keys the convoy holds (and whose
+/// AOF buffer `run_convoy` has just flushed), and keeps its replies, events and effects
+/// in it; returns how long it ran.
 fn run_share(w: &Rc<Worker>, steps: Vec<(usize, Step)>, m: &mut Chained) -> u64 {
     let start = crate::clock::Stopwatch::start();
     let mut sh = w.shard.borrow_mut();
-    // What this shard logged before the grant precedes the transaction's block.
-    sh.aof_flush();
     sh.aof_hold();
     sh.slow_for_home = Some(std::mem::take(&mut m.slow));
     for (at, step) in steps {
